@@ -1,0 +1,413 @@
+"""Qwen3-VL model inputs: image preprocessing, tokenizer loading, chat template and batching.
+
+Everything here reproduces what transformers does for Qwen3-VL (``Qwen2VLImageProcessorPil`` with
+Qwen3-VL's preprocessor settings, Qwen3-VL's chat template, ``Qwen3VLProcessor``) with numpy and
+Pillow only, so the data pipeline needs neither torch nor a hub download.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from typing import Any, NamedTuple
+
+import numpy as np
+from PIL import Image, ImageOps
+
+# Qwen3-VL's preprocessor_config.json: 16-pixel patches, 2 frames per temporal patch, 2x2 patches
+# merged into one LLM token, mean = std = 0.5, size = {shortest_edge: 65536, longest_edge: 16777216}.
+PATCH_SIZE = 16
+TEMPORAL_PATCH_SIZE = 2
+MERGE_SIZE = 2
+IMAGE_MEAN = 0.5
+IMAGE_STD = 0.5
+MIN_PIXELS = 65536
+MAX_PIXELS = 16777216
+PATCH_DIM = 3 * TEMPORAL_PATCH_SIZE * PATCH_SIZE * PATCH_SIZE  # 1536 values per row of pixel_values
+MAX_ASPECT_RATIO = 200  # transformers' smart_resize refuses anything more elongated
+MAX_IMAGE_PIXELS = 89_478_485  # Pillow's decompression-bomb threshold: decoded width * height
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+END_OF_TEXT = "<|endoftext|>"
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+
+# uint8 -> normalised float32, computed the way transformers does (float64 rescale by 1/255, cast
+# to float32, then (x - mean) / std in float32), so pixel_values match it bit for bit.
+_PIXEL_LUT = ((np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32) - np.float32(IMAGE_MEAN)) / np.float32(
+    IMAGE_STD
+)
+
+
+class ImageError(ValueError):
+    """An image that cannot be used; the message names the file (or the image's place in a batch)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Images
+# ----------------------------------------------------------------------------------------------
+
+
+def smart_resize(height: int, width: int, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
+                 factor: int = PATCH_SIZE * MERGE_SIZE) -> tuple[int, int]:
+    """Returns (height, width) that transformers resizes an image to: multiples of factor, area in range."""
+    if height <= 0 or width <= 0:
+        raise ImageError(f"image has zero size ({width}x{height})")
+    aspect_ratio = max(height, width) / min(height, width)
+    if aspect_ratio > MAX_ASPECT_RATIO:
+        raise ImageError(f"aspect ratio {aspect_ratio:.1f} of a {width}x{height} image exceeds {MAX_ASPECT_RATIO}")
+    # Python's round (half to even) on purpose: transformers uses it, and 48/32 = 1.5 must give 2.
+    resized_height = round(height / factor) * factor
+    resized_width = round(width / factor) * factor
+    if resized_height * resized_width > max_pixels:
+        scale = math.sqrt(height * width / max_pixels)
+        resized_height = max(factor, math.floor(height / scale / factor) * factor)
+        resized_width = max(factor, math.floor(width / scale / factor) * factor)
+    elif resized_height * resized_width < min_pixels:
+        scale = math.sqrt(min_pixels / (height * width))
+        resized_height = math.ceil(height * scale / factor) * factor
+        resized_width = math.ceil(width * scale / factor) * factor
+    return resized_height, resized_width
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Returns the image in RGB mode; transparency is composited onto white as transformers does."""
+    has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None
+    if not has_alpha:
+        return image if image.mode == "RGB" else image.convert("RGB")
+    rgba = image.convert("RGBA")
+    white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    return Image.alpha_composite(white, rgba).convert("RGB")
+
+
+def _patchify(pixels: np.ndarray) -> np.ndarray:
+    """Returns the [grid_h * grid_w, PATCH_DIM] rows of one normalised [H, W, 3] image."""
+    height, width, channels = pixels.shape
+    grid_h, grid_w = height // PATCH_SIZE, width // PATCH_SIZE
+    patches = pixels.reshape(grid_h // MERGE_SIZE, MERGE_SIZE, PATCH_SIZE, grid_w // MERGE_SIZE, MERGE_SIZE,
+                             PATCH_SIZE, channels)
+    # Row order: merge blocks row-major, then the 2x2 patches inside a block (the order the vision
+    # merger expects); inside a row: channel, temporal copy, patch row, patch column.
+    patches = patches.transpose(0, 3, 1, 4, 6, 2, 5)  # [gh/m, gw/m, m, m, C, p, p]
+    patches = np.broadcast_to(patches[:, :, :, :, :, None],
+                              (*patches.shape[:5], TEMPORAL_PATCH_SIZE, PATCH_SIZE, PATCH_SIZE))
+    return patches.reshape(grid_h * grid_w, PATCH_DIM)
+
+
+def preprocess_images(images: list[Image.Image], min_pixels: int | None = None,
+                      max_pixels: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Returns pixel_values float32 [num_patches, 1536] and image_grid_thw int64 [num_images, 3]."""
+    min_pixels = MIN_PIXELS if min_pixels is None else int(min_pixels)
+    max_pixels = MAX_PIXELS if max_pixels is None else int(max_pixels)
+    if not 0 < min_pixels <= max_pixels:
+        raise ValueError(f"need 0 < min_pixels <= max_pixels, got min_pixels={min_pixels}, max_pixels={max_pixels}")
+    if not images:
+        raise ValueError("preprocess_images needs at least one image")
+    all_patches, grids = [], []
+    for index, image in enumerate(images):
+        if not isinstance(image, Image.Image):
+            raise TypeError(f"image {index} is a {type(image).__name__}, expected a PIL.Image.Image")
+        width, height = image.size
+        try:
+            resized_height, resized_width = smart_resize(height, width, min_pixels, max_pixels)
+        except ImageError as error:
+            raise ImageError(f"image {index}{_describe(image)}: {error}") from None
+        rgb = to_rgb(image)
+        if rgb.size != (resized_width, resized_height):
+            rgb = rgb.resize((resized_width, resized_height), Image.Resampling.BICUBIC)
+        all_patches.append(_patchify(_PIXEL_LUT[np.asarray(rgb)]))
+        grids.append((1, resized_height // PATCH_SIZE, resized_width // PATCH_SIZE))
+    return np.concatenate(all_patches, axis=0), np.asarray(grids, dtype=np.int64)
+
+
+def num_image_tokens(image_grid_thw: np.ndarray) -> np.ndarray:
+    """Returns int64 [num_images]: <|image_pad|> tokens per image, grid_t * grid_h * grid_w / merge**2."""
+    return np.prod(np.asarray(image_grid_thw, dtype=np.int64), axis=-1) // MERGE_SIZE**2
+
+
+def _describe(image: Image.Image) -> str:
+    """Returns ' (file NAME)' for an image Pillow read from a file, else ''."""
+    filename = getattr(image, "filename", "")
+    return f" (file {filename})" if filename else ""
+
+
+def load_image(source: str | os.PathLike | bytes, max_image_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
+    """Returns the decoded, EXIF-rotated RGB image at source (a path or encoded bytes); raises ImageError."""
+    if isinstance(source, (bytes, bytearray)):
+        name, opened = f"<{len(source)} bytes>", io.BytesIO(source)
+        size = len(source)
+    else:
+        name = opened = os.fspath(source)
+        try:
+            size = os.path.getsize(name)
+        except OSError as error:
+            raise ImageError(f"{name}: cannot read image file: {error}") from None
+    if size == 0:
+        raise ImageError(f"{name}: image file is empty (0 bytes)")
+    try:
+        with Image.open(opened) as image:
+            # The header alone gives the size: refuse bombs before decoding them.
+            if image.width * image.height > max_image_pixels:
+                raise ImageError(f"{name}: {image.width}x{image.height} image has more than {max_image_pixels} pixels "
+                                 "(possible decompression bomb)")
+            image.load()
+            # EXIF orientation is applied as transformers.image_utils.load_image does.
+            upright = ImageOps.exif_transpose(image)
+            rgb = to_rgb(upright)
+            rgb.load()
+    except ImageError:
+        raise
+    except Image.DecompressionBombError as error:
+        raise ImageError(f"{name}: {error}") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as error:
+        raise ImageError(f"{name}: cannot decode image: {error}") from None
+    width, height = rgb.size
+    if width == 0 or height == 0:
+        raise ImageError(f"{name}: image has zero size ({width}x{height})")
+    if max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
+        raise ImageError(f"{name}: aspect ratio of the {width}x{height} image exceeds {MAX_ASPECT_RATIO}")
+    return rgb
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizer
+# ----------------------------------------------------------------------------------------------
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """Returns the transformers tokenizer stored in the local directory path (never downloads)."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"tokenizer directory {path!r} does not exist; load_tokenizer reads local "
+                                "directories only, never hub ids")
+    if not any(os.path.isfile(os.path.join(path, name)) for name in _TOKENIZER_FILES):
+        raise FileNotFoundError(f"{path!r} holds none of {', '.join(_TOKENIZER_FILES)}")
+    # Imported here: transformers takes seconds to import and only this function needs it.
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Chat template
+# ----------------------------------------------------------------------------------------------
+
+
+class _Piece(NamedTuple):
+    """One stretch of a rendered conversation: plain text, a special token, or a run of image pads."""
+
+    kind: str  # "text" | "special" | "image"
+    value: Any  # str for text and special; number of <|image_pad|> tokens for image
+    target: bool  # part of an assistant reply (SFT loss)
+
+
+def _content_items(content, role: str, index: int) -> list[tuple[str, Any]]:
+    """Returns a message's content as ("text", str) and ("image", image or path or bytes) items."""
+    if isinstance(content, str):
+        return [("text", content)]
+    if not isinstance(content, (list, tuple)):
+        raise TypeError(f"message {index} ({role}): content must be a str or a list, got {type(content).__name__}")
+    items = []
+    for item in content:
+        # Like the template, an item without "type" is an image if it has an "image" key.
+        kind = item.get("type") or ("image" if "image" in item else "text" if "text" in item else None)
+        if kind not in ("text", "image"):
+            raise ValueError(f"message {index} ({role}): unsupported content item of type {kind!r}; "
+                             "only text and image are supported")
+        if kind == "image" and role != "user":
+            # Qwen3-VL's template drops such images silently, which would desync pixel_values.
+            raise ValueError(f"message {index} ({role}): images are only allowed in user messages")
+        items.append((kind, item[kind]))
+    return items
+
+
+def _conversation_pieces(messages: list[dict], image_counts: list[int] | None,
+                         add_generation_prompt: bool) -> list[_Piece]:
+    """Returns the Qwen3-VL chat template of messages as pieces; image_counts None means one pad each."""
+    pieces: list[_Piece] = []
+    images_seen = 0
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role not in ("system", "user", "assistant"):
+            raise ValueError(f"message {index}: unsupported role {role!r}")
+        if role == "system" and index != 0:
+            # The template only renders a system message in first place and drops any other.
+            raise ValueError(f"message {index}: a system message must come first")
+        is_reply = role == "assistant"
+        pieces += [_Piece("special", IM_START, False), _Piece("text", role + "\n", False)]
+        for kind, value in _content_items(message.get("content", ""), role, index):
+            if kind == "image":
+                count = 1 if image_counts is None else int(image_counts[images_seen])
+                images_seen += 1
+                pieces += [_Piece("special", VISION_START, False), _Piece("image", count, False),
+                           _Piece("special", VISION_END, False)]
+            else:
+                pieces.append(_Piece("text", value, is_reply))
+        pieces += [_Piece("special", IM_END, is_reply), _Piece("text", "\n", False)]
+    if image_counts is not None and images_seen != len(image_counts):
+        raise ValueError(f"conversation has {images_seen} images but {len(image_counts)} image grids were given")
+    if add_generation_prompt:
+        pieces += [_Piece("special", IM_START, False), _Piece("text", "assistant\n", False)]
+    return pieces
+
+
+def render_chat_text(messages: list[dict], image_grid_thw: np.ndarray | None = None,
+                     add_generation_prompt: bool = False) -> str:
+    """Returns the Qwen3-VL chat-template string; with image_grid_thw, image pads are expanded per image."""
+    counts = None if image_grid_thw is None else num_image_tokens(image_grid_thw).tolist()
+    parts = []
+    for piece in _conversation_pieces(messages, counts, add_generation_prompt):
+        parts.append(IMAGE_PAD * piece.value if piece.kind == "image" else piece.value)
+    return "".join(parts)
+
+
+def conversation_images(messages: list[dict]) -> list[Image.Image]:
+    """Returns the images of a conversation in template order (paths and bytes are loaded)."""
+    images = []
+    for index, message in enumerate(messages):
+        for kind, value in _content_items(message.get("content", ""), message.get("role"), index):
+            if kind == "image":
+                images.append(value if isinstance(value, Image.Image) else load_image(value))
+    return images
+
+
+# ----------------------------------------------------------------------------------------------
+# Processor
+# ----------------------------------------------------------------------------------------------
+
+
+class Processor:
+    """Turns batches of conversations into Qwen3-VL model inputs, as transformers' Qwen3VLProcessor does."""
+
+    def __init__(self, tokenizer, min_pixels: int | None = None, max_pixels: int | None = None,
+                 max_length: int | None = None, pad_to_multiple_of: int | None = None):
+        self.tokenizer = tokenizer
+        self.min_pixels = min_pixels
+        self.max_pixels = max_pixels
+        self.max_length = max_length
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.image_token_id = self.token_id(IMAGE_PAD)
+        self.video_token_id = self.token_id(VIDEO_PAD)
+        self.vision_start_token_id = self.token_id(VISION_START)
+        self.vision_end_token_id = self.token_id(VISION_END)
+        self.im_start_token_id = self.token_id(IM_START)
+        self.im_end_token_id = self.token_id(IM_END)
+        self.pad_token_id = self.token_id(getattr(tokenizer, "pad_token", None) or END_OF_TEXT)
+        # Qwen3-VL's generation_config stops on <|im_end|> and <|endoftext|>.
+        self.eos_token_ids = (self.im_end_token_id, self.token_id(END_OF_TEXT))
+        self._vision_ids = {self.image_token_id, self.video_token_id, self.vision_start_token_id,
+                            self.vision_end_token_id}
+
+    def token_id(self, token: str) -> int:
+        """Returns the id of a token string; raises if the tokenizer does not know it."""
+        token_id = self.tokenizer.convert_tokens_to_ids(token)
+        # Unknown tokens come back as None or as the unk id, so check the round trip.
+        if token_id is None or self.tokenizer.convert_ids_to_tokens(token_id) != token:
+            raise ValueError(f"tokenizer has no token {token!r}")
+        return int(token_id)
+
+    def _encode(self, pieces: list[_Piece], where: str) -> tuple[list[int], list[int], list[int]]:
+        """Returns ids, target flags and image flags of pieces, tokenizing text stretches between specials."""
+        ids, targets, image_flags = [], [], []
+        merged: list[_Piece] = []
+        for piece in pieces:
+            # Adjacent text of the same kind is one string to the tokenizer, as in the rendered template.
+            if merged and piece.kind == "text" and merged[-1].kind == "text" and merged[-1].target == piece.target:
+                merged[-1] = merged[-1]._replace(value=merged[-1].value + piece.value)
+            else:
+                merged.append(piece)
+        for piece in merged:
+            if piece.kind == "image":
+                piece_ids, is_image = [self.image_token_id] * piece.value, 1
+            elif piece.kind == "special":
+                piece_ids, is_image = [self.token_id(piece.value)], 0
+            else:
+                piece_ids, is_image = list(self.tokenizer(piece.value, add_special_tokens=False)["input_ids"]), 0
+                if self._vision_ids.intersection(piece_ids):
+                    raise ValueError(f"{where}: text contains a vision special token ({piece.value[:80]!r})")
+            ids += piece_ids
+            targets += [int(piece.target)] * len(piece_ids)
+            image_flags += [is_image] * len(piece_ids)
+        return ids, targets, image_flags
+
+    def _fit(self, ids: list[int], targets: list[int], mode: str, where: str) -> int:
+        """Returns how many trailing tokens to drop so the sequence fits max_length; raises if none may go."""
+        if self.max_length is None or len(ids) <= self.max_length:
+            return 0
+        excess = len(ids) - self.max_length
+        if mode == "sft":
+            # The final reply starts after the last non-target token that precedes a target token.
+            reply_start = max(i for i in range(1, len(targets)) if targets[i] and not targets[i - 1])
+            if len(ids) - excess > reply_start:
+                return excess
+            prompt_note = f"; its prompt alone is {reply_start} tokens"
+        else:
+            prompt_note = ""
+        raise ValueError(f"{where} is {len(ids)} tokens, more than max_length={self.max_length}{prompt_note}; "
+                         "image tokens and prompts are never cut")
+
+    def __call__(self, conversations: list[list[dict]], mode: str = "generate") -> dict[str, np.ndarray | None]:
+        """Returns numpy model inputs [B, L] (and pixel_values [P, 1536], image_grid_thw [I, 3]) for conversations."""
+        if mode not in ("generate", "sft"):
+            raise ValueError(f"mode must be 'generate' or 'sft', got {mode!r}")
+        if not conversations:
+            raise ValueError("no conversations given")
+        images = []
+        for index, messages in enumerate(conversations):
+            if not messages:
+                raise ValueError(f"conversation {index} is empty")
+            last_role = messages[-1].get("role")
+            if mode == "generate" and last_role == "assistant":
+                raise ValueError(f"conversation {index} ends with an assistant message; a generation prompt must "
+                                 "end with a user (or system) message")
+            if mode == "sft" and last_role != "assistant":
+                raise ValueError(f"conversation {index} must end with the assistant reply to train on")
+            images.append(conversation_images(messages))
+        flat_images = [image for per_conversation in images for image in per_conversation]
+        if flat_images:
+            pixel_values, image_grid_thw = preprocess_images(flat_images, self.min_pixels, self.max_pixels)
+            counts = num_image_tokens(image_grid_thw).tolist()
+        else:
+            pixel_values, image_grid_thw, counts = None, None, []
+
+        rows, truncated, start = [], [], 0
+        for index, messages in enumerate(conversations):
+            where = f"conversation {index}"
+            own_counts = counts[start:start + len(images[index])]
+            start += len(images[index])
+            pieces = _conversation_pieces(messages, own_counts, add_generation_prompt=mode == "generate")
+            ids, targets, image_flags = self._encode(pieces, where)
+            drop = self._fit(ids, targets, mode, where)
+            keep = len(ids) - drop
+            rows.append((ids[:keep], targets[:keep], image_flags[:keep]))
+            truncated.append(drop > 0)
+
+        length = max(len(row[0]) for row in rows)
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+            if self.max_length is not None:
+                length = min(length, self.max_length)  # every row already fits max_length
+        batch_size = len(rows)
+        input_ids = np.full((batch_size, length), self.pad_token_id, dtype=np.int32)
+        attention_mask = np.zeros((batch_size, length), dtype=np.int32)
+        mm_token_type_ids = np.zeros((batch_size, length), dtype=np.int32)
+        loss_mask = np.zeros((batch_size, length), dtype=np.int32)
+        for row, (ids, targets, image_flags) in enumerate(rows):
+            # Generation prompts are left padded so every row's next token lands in the same column.
+            span = slice(length - len(ids), length) if mode == "generate" else slice(0, len(ids))
+            input_ids[row, span] = ids
+            attention_mask[row, span] = 1
+            mm_token_type_ids[row, span] = image_flags
+            loss_mask[row, span] = targets
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "pixel_values": pixel_values,
+                 "image_grid_thw": image_grid_thw, "mm_token_type_ids": mm_token_type_ids}
+        if mode == "sft":
+            batch["loss_mask"] = loss_mask
+            batch["truncated"] = np.asarray(truncated, dtype=bool)
+        return batch
