@@ -21,7 +21,7 @@ def token_logprobs(logits, targets):
   """Returns log p(targets[b, t] | logits[b, t]) as float32 [B, L]; logits [B, L, V]."""
   if logits.shape[:-1] != targets.shape:
     raise ValueError(f"logits {logits.shape} and targets {targets.shape} disagree on [B, L].")
-  # log_softmax gathered at the target, without materialising a float32 [B, L, V] copy:
+  # log_softmax gathered at the target; under jit no float32 [B, L, V] copy is materialised:
   # the upcast fuses into the reduction.
   logits = logits.astype(jnp.float32)
   log_normaliser = jax.nn.logsumexp(logits, axis=-1)  # [B, L]
