@@ -1,0 +1,22 @@
+"""Qwen3-VL in Flax NNX, used functionally: `forward(cfg, params, ...)` and friends."""
+
+from mocojax.model.config import ModelConfig, TextConfig, VisionConfig, preset, tiny, PRESETS
+from mocojax.model.qwen3_vl import (
+    ModelInputs,
+    Qwen3VL,
+    abstract_params,
+    apply,
+    count_params,
+    encode_images,
+    forward,
+    init_params,
+    param_axes,
+    prepare_inputs,
+)
+from mocojax.model.rope import VisionMeta, get_rope_index, vision_metadata
+
+__all__ = [
+    "ModelConfig", "TextConfig", "VisionConfig", "preset", "tiny", "PRESETS", "ModelInputs", "Qwen3VL",
+    "abstract_params", "apply", "count_params", "encode_images", "forward", "init_params", "param_axes",
+    "prepare_inputs", "VisionMeta", "get_rope_index", "vision_metadata",
+]

@@ -1,0 +1,217 @@
+"""The whole Qwen3-VL model and its pure functional API.
+
+Parameters live as a nested dict of arrays (`nnx.to_pure_dict` of the model's Params); every
+function here is a pure function of (cfg, params, arrays). The NNX module graph is rebuilt
+from an abstract model inside each trace (`nnx.merge`), which costs nothing at run time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from mocojax.model.config import ModelConfig
+from mocojax.model.rope import VisionMeta, get_rope_index, text_rope, vision_metadata
+from mocojax.model.text import TextModel
+from mocojax.model.vision import VisionModel
+
+Params = dict[str, Any]
+
+
+class Qwen3VL(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        kw = dict(param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype))
+        self.visual = VisionModel(cfg.vision, rngs=rngs, **kw)
+        self.text = TextModel(cfg.text, tie_word_embeddings=cfg.tie_word_embeddings, rngs=rngs, **kw)
+
+
+@functools.lru_cache(maxsize=32)
+def _abstract(cfg: ModelConfig):
+    model = nnx.eval_shape(lambda: Qwen3VL(cfg, nnx.Rngs(0)))
+    return nnx.split(model, nnx.Param)
+
+
+def _merge(cfg: ModelConfig, params: Params) -> Qwen3VL:
+    graphdef, state = _abstract(cfg)
+    state = jax.tree.map(lambda x: x, state)  # a fresh copy: replace_by_pure_dict mutates it
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(graphdef, state)
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array | int = 0) -> Params:
+    """Returns freshly initialised parameters (nested dict of arrays in cfg.param_dtype)."""
+    key = jax.random.key(rng) if isinstance(rng, int) else rng
+
+    @jax.jit
+    def init(key):
+        model = Qwen3VL(cfg, nnx.Rngs(params=key))
+        return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+    return init(key)
+
+
+def abstract_params(cfg: ModelConfig) -> Params:
+    """Returns the parameter tree as jax.ShapeDtypeStruct leaves (no memory allocated)."""
+    return nnx.to_pure_dict(_abstract(cfg)[1])
+
+
+def param_axes(cfg: ModelConfig) -> Params:
+    """Returns the parameter tree with each leaf replaced by its tuple of logical axis names."""
+    state = _abstract(cfg)[1]
+    axes = jax.tree.map(lambda v: tuple(v.out_sharding), state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.to_pure_dict(axes) if not isinstance(axes, dict) else axes
+
+
+def count_params(params: Params) -> int:
+    """Returns the number of scalars in a parameter (or abstract parameter) tree."""
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInputs:
+    """Host-prepared inputs of `apply` (numpy): 3-D positions, rope deltas and vision metadata."""
+
+    positions: np.ndarray  # [3, B, L]
+    rope_deltas: np.ndarray  # [B]
+    vision: VisionMeta | None
+
+
+def prepare_inputs(
+    cfg: ModelConfig,
+    input_ids,
+    attention_mask,
+    image_grid_thw=None,
+    mm_token_type_ids=None,
+    *,
+    pad_patches_to: int | None = None,
+) -> ModelInputs:
+    """Returns the host-side ModelInputs of a batch, with clear errors for inconsistent image inputs."""
+    input_ids = np.asarray(input_ids)
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [B, L], got shape {input_ids.shape}")
+    attention_mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask shape {attention_mask.shape} != input_ids shape {input_ids.shape}")
+    is_image = (input_ids == cfg.image_token_id) & (attention_mask > 0)
+    vision = None
+    if image_grid_thw is not None:
+        grid = np.asarray(image_grid_thw).reshape(-1, 3)
+        expected = int((grid.prod(-1) // cfg.vision.spatial_merge_size**2).sum())
+        if int(is_image.sum()) != expected:
+            raise ValueError(
+                f"image tokens and images do not match: input_ids hold {int(is_image.sum())} image tokens "
+                f"(id {cfg.image_token_id}), image_grid_thw {grid.tolist()} needs {expected}"
+            )
+        vision = vision_metadata(cfg.vision, grid, pad_to=pad_patches_to)
+    elif is_image.any():
+        raise ValueError(f"input_ids hold {int(is_image.sum())} image tokens but no image_grid_thw was given")
+    positions, deltas = get_rope_index(cfg, input_ids, attention_mask, image_grid_thw, mm_token_type_ids)
+    return ModelInputs(positions=positions, rope_deltas=deltas, vision=vision)
+
+
+def encode_images(cfg: ModelConfig, params: Params, pixel_values, vision: VisionMeta):
+    """Returns (image tokens [I_tok, D], DeepStack features [n_ds, I_tok, D]) of the vision tower."""
+    model = _merge(cfg, params)
+    return model.visual(
+        jnp.asarray(pixel_values), vision.rot_pos, vision.interp_idx, vision.interp_w, vision.segment
+    )
+
+
+def scatter_image_tokens(is_image: jnp.ndarray, tokens: jnp.ndarray, base: jnp.ndarray) -> jnp.ndarray:
+    """Returns base [B, L, D] with the rows of tokens [N, D] written, in order, at is_image [B, L]."""
+    flat = is_image.reshape(-1)
+    index = jnp.clip(jnp.cumsum(flat) - 1, 0, tokens.shape[0] - 1)
+    gathered = tokens[index].reshape(base.shape)
+    return jnp.where(is_image[..., None], gathered.astype(base.dtype), base)
+
+
+def attention_mask_4d(key_valid: jnp.ndarray, query_len: int, write_index) -> jnp.ndarray:
+    """Returns the [B, 1, T, S] causal & padding mask for queries at slots write_index + [0, T)."""
+    s = key_valid.shape[1]
+    q_slot = write_index + jnp.arange(query_len)
+    causal = jnp.arange(s)[None, :] <= q_slot[:, None]
+    return (causal[None] & key_valid[:, None, :].astype(bool))[:, None]
+
+
+def apply(
+    cfg: ModelConfig,
+    params: Params,
+    input_ids: jnp.ndarray,
+    attention_mask: jnp.ndarray,
+    positions: jnp.ndarray,
+    pixel_values: jnp.ndarray | None = None,
+    vision: VisionMeta | None = None,
+    *,
+    cache: dict | None = None,
+    key_valid: jnp.ndarray | None = None,
+    write_index=0,
+    output_hidden_states: bool = False,
+    return_hidden: bool = False,
+):
+    """Jittable forward: returns (logits [B, T, V] float32, aux dict).
+
+    input_ids/attention_mask [B, T]; positions [3, B, T]. Without a cache the sequence attends
+    to itself (causal, padding masked). With `cache` ({"k","v"} [layers, B, S, K, H]) the T new
+    tokens are written at slots write_index..write_index+T-1 and attend to every valid slot;
+    key_valid [B, S] says which slots are real. aux holds "cache", "hidden_states" (per-layer
+    outputs when asked) and "hidden" (final normed hidden, when return_hidden).
+    """
+    model = _merge(cfg, params)
+    dtype = jnp.dtype(cfg.dtype)
+    x = model.text.embed_tokens(input_ids)
+    deepstack = None
+    if pixel_values is not None:
+        tokens, ds = model.visual(pixel_values, vision.rot_pos, vision.interp_idx, vision.interp_w, vision.segment)
+        is_image = (input_ids == cfg.image_token_id) & (attention_mask > 0)
+        x = scatter_image_tokens(is_image, tokens, x)
+        if ds.shape[0]:
+            zeros = jnp.zeros_like(x)
+            deepstack = jnp.stack([scatter_image_tokens(is_image, f, zeros) for f in ds])
+    cos, sin = text_rope(cfg.text, positions, dtype)
+    if cache is None:
+        mask = attention_mask_4d(attention_mask, input_ids.shape[1], 0)
+    else:
+        mask = attention_mask_4d(key_valid, input_ids.shape[1], write_index)
+    hidden, new_cache, hidden_states = model.text.decode(
+        x, cos, sin, mask, deepstack=deepstack, cache=cache, write_index=write_index,
+        output_hidden_states=output_hidden_states,
+    )
+    aux = {"cache": new_cache, "hidden_states": hidden_states}
+    if return_hidden:
+        aux["hidden"] = hidden
+    return model.text.logits(hidden), aux
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _forward_jit(cfg, params, input_ids, attention_mask, positions, pixel_values, vision):
+    return apply(cfg, params, input_ids, attention_mask, positions, pixel_values, vision)[0]
+
+
+def forward(cfg: ModelConfig, params: Params, input_ids, attention_mask, pixel_values=None, image_grid_thw=None, mm_token_type_ids=None):
+    """Returns logits [B, L, V] (float32) of Qwen3-VL with HF tensor conventions (DESIGN contract).
+
+    Positions come from `get_rope_index` on the host, so left padding (attention_mask 0)
+    never shifts them. pixel_values / image_grid_thw are what the Qwen3-VL image processor returns.
+    """
+    inputs = prepare_inputs(cfg, input_ids, attention_mask, image_grid_thw, mm_token_type_ids)
+    attention_mask = np.ones_like(np.asarray(input_ids)) if attention_mask is None else attention_mask
+    if (pixel_values is None) != (image_grid_thw is None):
+        raise ValueError("pixel_values and image_grid_thw must be given together")
+    if pixel_values is not None:
+        pixel_values = jnp.asarray(pixel_values, jnp.dtype(cfg.dtype))
+        if pixel_values.shape != (inputs.vision.segment.shape[0], cfg.vision.patch_dim):
+            raise ValueError(
+                f"pixel_values shape {pixel_values.shape} does not match image_grid_thw "
+                f"({inputs.vision.segment.shape[0]} patches of {cfg.vision.patch_dim})"
+            )
+    vision = None if inputs.vision is None else jax.tree.map(jnp.asarray, inputs.vision)
+    return _forward_jit(
+        cfg, params, jnp.asarray(input_ids, jnp.int32), jnp.asarray(attention_mask, jnp.int32),
+        jnp.asarray(inputs.positions), pixel_values, vision,
+    )

@@ -1,0 +1,134 @@
+"""Qwen3-VL text decoder in Flax NNX: GQA/MQA attention with q/k RMSNorm and interleaved MRoPE,
+SwiGLU MLP, DeepStack additions, scanned layers, a KV cache for sampling."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mocojax.model.config import TextConfig
+from mocojax.model.layers import RMSNorm, activation, param, scan_layers, stacked
+from mocojax.model.rope import apply_rotary
+
+
+class Attention(nnx.Module):
+    def __init__(self, t: TextConfig, *, param_dtype, dtype, rngs):
+        d, n, k, h, std = t.hidden_size, t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.initializer_range
+        self.q_proj = param(rngs, (d, n, h), ("embed", "heads", "head_dim"), param_dtype, std=std)
+        self.k_proj = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), param_dtype, std=std)
+        self.v_proj = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), param_dtype, std=std)
+        self.o_proj = param(rngs, (n, h, d), ("heads", "head_dim", "embed"), param_dtype, std=std)
+        if t.attention_bias:
+            self.q_bias = param(None, (n, h), ("heads", "head_dim"), param_dtype, init="zeros")
+            self.k_bias = param(None, (k, h), ("kv_heads", "head_dim"), param_dtype, init="zeros")
+            self.v_bias = param(None, (k, h), ("kv_heads", "head_dim"), param_dtype, init="zeros")
+            self.o_bias = param(None, (d,), ("embed",), param_dtype, init="zeros")
+        self.q_norm = RMSNorm(h, "head_dim", param_dtype=param_dtype, dtype=dtype, eps=t.rms_norm_eps)
+        self.k_norm = RMSNorm(h, "head_dim", param_dtype=param_dtype, dtype=dtype, eps=t.rms_norm_eps)
+        self.bias, self.head_dim, self.dtype = t.attention_bias, h, dtype
+
+    def _proj(self, x, name):
+        y = jnp.einsum("btd,dnh->btnh", x, getattr(self, f"{name}_proj")[...].astype(self.dtype))
+        return y + getattr(self, f"{name}_bias")[...].astype(self.dtype) if self.bias else y
+
+    def __call__(self, x, cos, sin, mask, kv_cache, write_index):
+        """Returns (out [B, T, D], (k, v) [B, S, K, H]); with a cache, new k/v land at write_index."""
+        q = apply_rotary(self.q_norm(self._proj(x, "q")), cos, sin)
+        k = apply_rotary(self.k_norm(self._proj(x, "k")), cos, sin)
+        v = self._proj(x, "v")
+        if kv_cache is not None:
+            cache_k, cache_v = kv_cache
+            k = jax.lax.dynamic_update_slice_in_dim(cache_k, k.astype(cache_k.dtype), write_index, axis=1)
+            v = jax.lax.dynamic_update_slice_in_dim(cache_v, v.astype(cache_v.dtype), write_index, axis=1)
+        out = jax.nn.dot_product_attention(
+            q, k.astype(self.dtype), v.astype(self.dtype), mask=mask, scale=self.head_dim**-0.5
+        )
+        y = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(self.dtype))
+        if self.bias:
+            y = y + self.o_bias[...].astype(self.dtype)
+        return y, (k, v)
+
+
+class MLP(nnx.Module):
+    def __init__(self, t: TextConfig, *, param_dtype, dtype, rngs):
+        d, f, std = t.hidden_size, t.intermediate_size, t.initializer_range
+        self.gate_proj = param(rngs, (d, f), ("embed", "mlp"), param_dtype, std=std)
+        self.up_proj = param(rngs, (d, f), ("embed", "mlp"), param_dtype, std=std)
+        self.down_proj = param(rngs, (f, d), ("mlp", "embed"), param_dtype, std=std)
+        self.act, self.dtype = activation(t.hidden_act), dtype
+
+    def __call__(self, x):
+        gate = x @ self.gate_proj[...].astype(self.dtype)
+        up = x @ self.up_proj[...].astype(self.dtype)
+        return (self.act(gate) * up) @ self.down_proj[...].astype(self.dtype)
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, t: TextConfig, *, param_dtype, dtype, rngs):
+        kw = dict(param_dtype=param_dtype, dtype=dtype)
+        self.input_norm = RMSNorm(t.hidden_size, "embed", eps=t.rms_norm_eps, **kw)
+        self.attn = Attention(t, rngs=rngs, **kw)
+        self.post_attention_norm = RMSNorm(t.hidden_size, "embed", eps=t.rms_norm_eps, **kw)
+        self.mlp = MLP(t, rngs=rngs, **kw)
+
+    def __call__(self, x, cos, sin, mask, kv_cache, write_index):
+        attn, new_kv = self.attn(self.input_norm(x), cos, sin, mask, kv_cache, write_index)
+        x = x + attn
+        return x + self.mlp(self.post_attention_norm(x)), new_kv
+
+
+class TextModel(nnx.Module):
+    def __init__(self, t: TextConfig, *, tie_word_embeddings: bool, param_dtype, dtype, rngs):
+        kw = dict(param_dtype=param_dtype, dtype=dtype)
+        self.config, self.dtype = t, dtype
+        self.embed = param(rngs, (t.vocab_size, t.hidden_size), ("vocab", "embed"), param_dtype, std=t.initializer_range)
+        self.layers = stacked(t.num_hidden_layers, lambda r: DecoderLayer(t, rngs=r, **kw))(rngs)
+        self.norm = RMSNorm(t.hidden_size, "embed", eps=t.rms_norm_eps, **kw)
+        self.lm_head = None if tie_word_embeddings else param(rngs, (t.hidden_size, t.vocab_size), ("embed", "vocab"), param_dtype, std=t.initializer_range)
+
+    def embed_tokens(self, input_ids):
+        """Returns [B, L, D] token embeddings in the compute dtype."""
+        return self.embed[...][input_ids].astype(self.dtype)
+
+    def decode(self, x, cos, sin, mask, *, deepstack=None, cache=None, write_index=0, output_hidden_states=False):
+        """Runs every decoder layer and the final norm.
+
+        x [B, T, D]; cos/sin [B, T, head_dim]; mask [B, 1, T, S]; deepstack [n_ds, B, T, D] added
+        after the first n_ds layers; cache {"k", "v"} [layers, B, S, K, H] or None.
+        Returns (hidden [B, T, D], new cache or None, per-layer outputs [layers, B, T, D] or None).
+        """
+        n_layers = self.config.num_hidden_layers
+
+        def layer_fn(layer, h, xs):
+            kv, ds = xs
+            h, new_kv = layer(h, cos, sin, mask, kv, write_index)
+            out_h = h
+            if ds is not None:
+                h = h + ds
+            return h, (new_kv if cache is not None else None, out_h if output_hidden_states else None)
+
+        def run(h, start, stop, ds):
+            kv = None if cache is None else jax.tree.map(lambda a: a[start:stop], (cache["k"], cache["v"]))
+            return scan_layers(self.layers, h, layer_fn, xs=(kv, ds), start=start, stop=stop)
+
+        n_ds = 0 if deepstack is None else deepstack.shape[0]
+        # Two scans: the DeepStack stretch carries its features as scan inputs, the rest none.
+        stretches = [(0, n_ds, deepstack), (n_ds, n_layers, None)] if n_ds else [(0, n_layers, None)]
+        outputs = []
+        for start, stop, ds in stretches:
+            x, ys = run(x, start, stop, ds)
+            outputs.append(ys)
+        new_cache, hidden_states = None, None
+        if cache is not None:
+            ks = [o[0][0] for o in outputs]
+            vs = [o[0][1] for o in outputs]
+            new_cache = {"k": jnp.concatenate(ks) if len(ks) > 1 else ks[0], "v": jnp.concatenate(vs) if len(vs) > 1 else vs[0]}
+        if output_hidden_states:
+            hidden_states = jnp.concatenate([o[1] for o in outputs])
+        return self.norm(x), new_cache, hidden_states
+
+    def logits(self, hidden):
+        """Returns float32 logits [B, T, V] (lm_head, or the embedding when tied)."""
+        w = self.embed[...].T if self.lm_head is None else self.lm_head[...]
+        return jnp.einsum("btd,dv->btv", hidden, w.astype(self.dtype), preferred_element_type=jnp.float32)
