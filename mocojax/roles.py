@@ -1,0 +1,276 @@
+"""The three roles' prompts, the rubric and decision formats, their parsers and the reward.
+
+One model plays three roles, told apart only by their prompts (METHOD.md):
+the Policy captions an image; the Generator writes a rubric from the image, the reference
+captions and some candidate captions; the Judge scores ONE caption against the rubric,
+without the image.
+
+Formats are tight line formats, because every sampled token costs 16x per image in RL:
+
+  rubric (Generator output), one item per line:   ``id | weight | criterion | check``
+  decisions (Judge output), one item per line:    ``id | 0 or 1 | rationale``
+
+The Judge sees the rubric without weights (weights never change a decision), followed by the
+caption LAST, so the instruction + rubric prefix is identical for all N captions of a group
+and its KV cache can be shared.
+
+The parsers never raise on model output: whatever they cannot use is reported in `problems`
+(a list of short strings) and the rest is kept.
+"""
+
+import math
+import re
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+POLICY_INSTRUCTION = "Describe this image in detail."
+
+GENERATOR_INSTRUCTION = (
+    "Write a rubric to grade captions of this image. Use the reference captions as truth. "
+    "Target what the candidate captions missed or got wrong, and add items against objects "
+    "they invented. One item per line: id | weight | criterion | check. Weights: 3 main "
+    "object missing or invented, 2 wrong attribute, 1 detail."
+)
+
+JUDGE_INSTRUCTION = (
+    "Grade the caption against each rubric item, using only the caption. One line per item: "
+    "id | 1 if the caption meets it, else 0 | short reason."
+)
+
+# Weights above this are clipped: one runaway item must not drown the rest of the rubric.
+MAX_WEIGHT = 10.0
+DEFAULT_WEIGHT = 1.0
+
+_FENCE = re.compile(r"^\s*```")
+# Leading decoration a model may put before the id: bullets, "item", "#", "[".
+_ID_PREFIX = re.compile(r"^\s*(?:[-*]\s*)?(?:item\s*)?#?\[?\s*(\d+)\s*\]?\s*[.):]?\s*", re.I)
+_TRUE_WORDS = {"1", "yes", "true", "pass", "met", "y"}
+_FALSE_WORDS = {"0", "no", "false", "fail", "unmet", "n"}
+
+
+class RubricItem(NamedTuple):
+    """One rubric item: a criterion, how to check it from the caption, and its weight > 0."""
+
+    criterion: str
+    check: str
+    weight: float
+
+
+class Decision(NamedTuple):
+    """The Judge's answer for one item: 0/1 and a short rationale (never part of the reward)."""
+
+    value: int
+    rationale: str
+
+
+def _text_message(role, text):
+    return {"role": role, "content": [{"type": "text", "text": text}]}
+
+
+def _image_message(image, text):
+    return {"role": "user", "content": [{"type": "image", "image": image},
+                                        {"type": "text", "text": text}]}
+
+
+def policy_messages(image, instruction=POLICY_INSTRUCTION):
+    """Returns the Policy conversation: one user turn with the image and the instruction."""
+    return [_image_message(image, instruction)]
+
+
+def _numbered(captions):
+    return "\n".join(f"{k}. {caption}" for k, caption in enumerate(captions, 1))
+
+
+def generator_messages(image, references, candidates):
+    """Returns the Generator conversation: image, references and candidates -> rubric."""
+    text = (f"{GENERATOR_INSTRUCTION}\nReferences:\n{_numbered(references)}\n"
+            f"Candidates:\n{_numbered(candidates)}")
+    return [_image_message(image, text)]
+
+
+def format_rubric_for_judge(rubric_items):
+    """Returns the rubric as the Judge sees it: ``id | criterion | check`` lines, no weights."""
+    return "\n".join(f"{k} | {item.criterion} | {item.check}"
+                     for k, item in enumerate(rubric_items, 1))
+
+
+def judge_messages(rubric_items, caption):
+    """Returns the Judge conversation: instruction, rubric, then the caption last; no image."""
+    text = (f"{JUDGE_INSTRUCTION}\nRubric:\n{format_rubric_for_judge(rubric_items)}\n"
+            f"Caption:\n{caption}")
+    return [_text_message("user", text)]
+
+
+def _format_weight(weight):
+    return str(int(weight)) if float(weight).is_integer() else f"{weight:g}"
+
+
+def format_rubric(rubric_items):
+    """Returns the Generator's target text: one ``id | weight | criterion | check`` line per item."""
+    return "\n".join(f"{k} | {_format_weight(item.weight)} | {item.criterion} | {item.check}"
+                     for k, item in enumerate(rubric_items, 1))
+
+
+def format_decisions(decisions):
+    """Returns the Judge's target text: one ``id | 0/1 | rationale`` line per item."""
+    return "\n".join(f"{k} | {int(d.value)} | {d.rationale}" for k, d in enumerate(decisions, 1))
+
+
+def _content_lines(text):
+    """Returns the non-empty lines of `text` with code-fence lines dropped."""
+    return [line for line in text.splitlines() if line.strip() and not _FENCE.match(line)]
+
+
+def _split_item_line(line):
+    """Returns (id, fields after the id) for an item line, or None if it is not one."""
+    match = _ID_PREFIX.match(line)
+    if match is None or "|" not in line:
+        return None
+    rest = line[match.end():].lstrip()
+    if rest.startswith("|"):
+        rest = rest[1:]
+    return int(match.group(1)), [field.strip() for field in rest.split("|")]
+
+
+def _parse_weight(field):
+    """Returns (weight or None, problem or None) for a weight field."""
+    if not field:
+        return None, "missing weight"
+    try:
+        weight = float(field)
+    except ValueError:
+        return None, f"non-numeric weight {field!r}"
+    if not math.isfinite(weight):
+        return None, f"non-numeric weight {field!r}"
+    return weight, None
+
+
+def parse_rubric(text, max_items=20):
+    """Returns (list[RubricItem], problems) parsed tolerantly from a Generator's output.
+
+    Lines that are not items (reasoning, code fences, trailing prose) are skipped. A missing
+    or non-numeric weight becomes DEFAULT_WEIGHT, a non-positive weight drops the item, a
+    weight above MAX_WEIGHT is clipped; duplicate criteria are dropped; an unterminated last
+    line without all fields is taken as truncated and dropped. Ids are only labels: items are
+    renumbered in order of appearance, and duplicate or out-of-order ids are reported.
+    """
+    problems = []
+    if not isinstance(text, str):
+        return [], [f"rubric is not text: {type(text).__name__}"]
+    lines = _content_lines(text)
+    truncated_tail = bool(text) and not text.endswith("\n")
+    items, seen_ids, seen_criteria = [], set(), set()
+    for index, line in enumerate(lines):
+        split = _split_item_line(line)
+        if split is None:
+            continue
+        item_id, fields = split
+        is_last = index == len(lines) - 1
+        if len(fields) < 3 and is_last and truncated_tail:
+            problems.append(f"item {item_id}: truncated, dropped")
+            continue
+        if item_id in seen_ids:
+            problems.append(f"item {item_id}: duplicate id")
+        elif seen_ids and item_id != max(seen_ids) + 1:
+            problems.append(f"item {item_id}: out-of-order id")
+        seen_ids.add(item_id)
+        weight, weight_problem = _parse_weight(fields[0])
+        if weight is not None or len(fields) >= 3 or not fields[0]:
+            fields = fields[1:]
+        else:
+            # "id | criterion | check": the weight was left out altogether.
+            weight_problem = "missing weight"
+        if weight is None:
+            problems.append(f"item {item_id}: {weight_problem}, using {DEFAULT_WEIGHT:g}")
+            weight = DEFAULT_WEIGHT
+        elif weight <= 0:
+            problems.append(f"item {item_id}: non-positive weight {weight:g}, dropped")
+            continue
+        elif weight > MAX_WEIGHT:
+            problems.append(f"item {item_id}: weight {weight:g} clipped to {MAX_WEIGHT:g}")
+            weight = MAX_WEIGHT
+        criterion = fields[0] if fields else ""
+        check = " | ".join(fields[1:]).strip()
+        if not criterion:
+            problems.append(f"item {item_id}: empty criterion, dropped")
+            continue
+        if not check:
+            problems.append(f"item {item_id}: missing check")
+        key = " ".join(criterion.lower().split())
+        if key in seen_criteria:
+            problems.append(f"item {item_id}: duplicate criterion, dropped")
+            continue
+        if len(items) == max_items:
+            problems.append(f"more than {max_items} items, rest dropped")
+            break
+        seen_criteria.add(key)
+        items.append(RubricItem(criterion, check, weight))
+    if not items:
+        problems.append("no rubric items found")
+    return items, problems
+
+
+def _parse_value(field):
+    """Returns 0/1 from a decision field, or None when it says neither."""
+    words = re.findall(r"[a-z0-9]+", field.lower())
+    if not words:
+        return None
+    if words[0] in _TRUE_WORDS:
+        return 1
+    if words[0] in _FALSE_WORDS:
+        return 0
+    return None
+
+
+def parse_decisions(text, num_items):
+    """Returns (list[Decision] of length num_items, problems) parsed from a Judge's output.
+
+    Ids are 1-based rubric item ids. Out-of-range ids are ignored, the first answer to a
+    duplicated id wins, and every item without a readable answer counts as 0; each of these
+    is reported in `problems`.
+    """
+    problems = []
+    answers = {}
+    lines = _content_lines(text) if isinstance(text, str) else []
+    if not isinstance(text, str):
+        problems.append(f"decisions are not text: {type(text).__name__}")
+    for line in lines:
+        split = _split_item_line(line)
+        if split is None:
+            continue
+        item_id, fields = split
+        if not 1 <= item_id <= num_items:
+            problems.append(f"item {item_id}: id out of range 1..{num_items}")
+            continue
+        if item_id in answers:
+            problems.append(f"item {item_id}: duplicate answer, first kept")
+            continue
+        value = _parse_value(fields[0])
+        if value is None:
+            problems.append(f"item {item_id}: unreadable decision {fields[0]!r}")
+            continue
+        answers[item_id] = Decision(value, " | ".join(fields[1:]).strip())
+    missing = [k for k in range(1, num_items + 1) if k not in answers]
+    if missing:
+        problems.append(f"missing decisions for items {missing}, counted as 0")
+    decisions = [answers.get(k, Decision(0, "")) for k in range(1, num_items + 1)]
+    return decisions, problems
+
+
+def rubric_reward(weights, decisions):
+    """Returns sum(w * b) / sum(w) in [0, 1]: a float for decisions [K], an array for [..., K].
+
+    `decisions` is 0/1 values (any array-like, last axis = items) or a list of Decision.
+    An empty rubric, or one with zero total weight, gives 0.
+    """
+    if len(decisions) and isinstance(decisions[0], Decision):
+        decisions = [d.value for d in decisions]
+    weights = np.asarray(weights, np.float64)
+    values = np.clip(np.asarray(decisions, np.float64), 0.0, 1.0)
+    total = weights.sum()
+    if weights.size == 0 or total <= 0:
+        reward = np.zeros(values.shape[:-1]) if values.ndim > 1 else np.float64(0.0)
+    else:
+        reward = (values * weights).sum(-1) / total
+    return float(reward) if np.ndim(reward) == 0 else reward
