@@ -21,8 +21,8 @@ def token_logprobs(logits, targets):
   """Returns log p(targets[b, t] | logits[b, t]) as float32 [B, L]; logits [B, L, V]."""
   if logits.shape[:-1] != targets.shape:
     raise ValueError(f"logits {logits.shape} and targets {targets.shape} disagree on [B, L].")
-  # log_softmax gathered at the target; under jit no float32 [B, L, V] copy is materialised:
-  # the upcast fuses into the reduction.
+  # log_softmax gathered at the target, so no [B, L, V] log-probabilities are returned.
+  # The upcast comes first: a bf16 log-sum-exp over a large vocabulary is off by ~1e-2.
   logits = logits.astype(jnp.float32)
   log_normaliser = jax.nn.logsumexp(logits, axis=-1)  # [B, L]
   target_logits = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)
