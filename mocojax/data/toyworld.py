@@ -1,0 +1,426 @@
+"""The toy world: seeded shape scenes whose every caption, rubric and judgement is checkable.
+
+A scene is 1-4 objects on a plain background; each object has a shape, a colour, a size and a
+cell of a 3x3 grid (one object per cell, one object per shape+colour). This module draws
+scenes, writes captions in the world's small language (paraphrased, reordered, or with
+controlled errors), parses that language back, and scores captions exactly against the scene.
+Rubrics, Judge decisions, SFT records and the tokenizer live in `toyroles.py`.
+
+    python -m mocojax.data.toyworld --contact-sheet docs/img/toyworld_100.png
+"""
+
+import argparse
+import dataclasses
+import re
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+SHAPES = ("circle", "square", "triangle", "diamond", "star")
+COLOURS = {"red": (215, 40, 40), "green": (40, 160, 60), "blue": (45, 85, 215),
+           "yellow": (235, 200, 30), "purple": (135, 60, 175), "orange": (245, 130, 30)}
+BACKGROUNDS = {"white": (248, 248, 248), "gray": (150, 150, 150), "black": (22, 22, 22)}
+SIZES = ("small", "large")
+# Grid cells in row-major order; the canonical name is what rubric items say.
+POSITIONS = ("top left", "top", "top right", "left", "center", "right",
+             "bottom left", "bottom", "bottom right")
+ATTRIBUTES = ("colour", "size", "position")
+
+# Synonyms the captions use, mapped to canonical words by the parser.
+_SIZE_WORDS = {"small": "small", "little": "small", "large": "large", "big": "large"}
+_BACKGROUND_WORDS = {"white": "white", "gray": "gray", "grey": "gray", "black": "black"}
+_VERTICAL = {"top": "top", "upper": "top", "bottom": "bottom", "lower": "bottom"}
+_HORIZONTAL = {"left": "left", "right": "right"}
+_CENTRE = {"center", "centre", "middle"}
+_SEPARATORS = {",", ".", ";", ":", "and"}
+
+_INTROS = ("The image shows", "There is", "We see", "This picture contains", "It shows")
+_VERBS = ("sits", "is", "appears", "can be seen")
+_CORNER_FORMS = ("in the {v} {h}", "at the {v} {h}", "in the {v} {h} corner",
+                 "in the {vs} {h}")
+_EDGE_V_FORMS = ("at the {v}", "in the {v} middle", "at the {v} center", "along the {v}")
+_EDGE_H_FORMS = ("on the {h}", "at the {h}", "in the middle {h}", "on the {h} side")
+_CENTRE_FORMS = ("in the center", "in the middle", "at the centre")
+
+
+@dataclasses.dataclass(frozen=True)
+class Obj:
+    """One object of a scene."""
+
+    shape: str
+    colour: str
+    size: str
+    position: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Scene:
+    """A toy scene: its id, background colour and objects (in drawing order)."""
+
+    id: str
+    background: str
+    objects: tuple
+
+    def to_dict(self):
+        """Returns the scene as a JSON-ready dict."""
+        return {"id": self.id, "background": self.background,
+                "objects": [dataclasses.asdict(obj) for obj in self.objects]}
+
+    @classmethod
+    def from_dict(cls, data):
+        """Returns the Scene stored by `to_dict`."""
+        return cls(data["id"], data["background"],
+                   tuple(Obj(**obj) for obj in data["objects"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Mention:
+    """An object as a caption states it; None for an attribute it leaves out."""
+
+    shape: str
+    colour: str | None = None
+    size: str | None = None
+    position: str | None = None
+
+
+def scene_id(seed, index):
+    """Returns the id of scene `index` of the world with `seed`."""
+    return f"toy{seed}-{index:06d}"
+
+
+def make_scene(seed, index, max_objects=4):
+    """Returns scene `index` of the world with `seed`; independent of any other index."""
+    rng = np.random.default_rng([seed, index])
+    count = int(rng.integers(1, max_objects + 1))
+    cells = rng.choice(len(POSITIONS), size=count, replace=False)
+    pairs = [(s, c) for s in SHAPES for c in COLOURS]
+    chosen = rng.choice(len(pairs), size=count, replace=False)
+    objects = tuple(Obj(pairs[p][0], pairs[p][1], SIZES[int(rng.integers(2))],
+                        POSITIONS[int(cell)]) for p, cell in zip(chosen, cells))
+    background = list(BACKGROUNDS)[int(rng.integers(len(BACKGROUNDS)))]
+    return Scene(scene_id(seed, index), background, objects)
+
+
+def make_scenes(seed, count, start=0):
+    """Returns scenes start..start+count-1 of the world with `seed`."""
+    return [make_scene(seed, index) for index in range(start, start + count)]
+
+
+def _shape_points(shape, cx, cy, r):
+    """Returns the polygon of `shape` centred at (cx, cy) with radius r."""
+    if shape == "square":
+        r *= 0.85
+        return [(cx - r, cy - r), (cx + r, cy - r), (cx + r, cy + r), (cx - r, cy + r)]
+    if shape == "triangle":
+        return [(cx, cy - r), (cx + r * 0.95, cy + r * 0.8), (cx - r * 0.95, cy + r * 0.8)]
+    if shape == "diamond":
+        return [(cx, cy - r), (cx + r * 0.75, cy), (cx, cy + r), (cx - r * 0.75, cy)]
+    angles = np.pi / 2 + np.arange(10) * np.pi / 5  # star: 5 outer, 5 inner points
+    radii = np.where(np.arange(10) % 2 == 0, r, r * 0.42)
+    return [(cx + q * np.cos(a), cy - q * np.sin(a)) for q, a in zip(radii, angles)]
+
+
+def render(scene, size=128):
+    """Returns the scene drawn as an RGB PIL image of size x size pixels."""
+    image = Image.new("RGB", (size, size), BACKGROUNDS[scene.background])
+    draw = ImageDraw.Draw(image)
+    cell = size / 3
+    # Small deterministic jitter so objects are not pixel-aligned to the grid.
+    rng = np.random.default_rng(sum(map(ord, scene.id)))
+    for obj in scene.objects:
+        row, col = divmod(POSITIONS.index(obj.position), 3)
+        cx, cy = (np.array([col, row]) + 0.5 + rng.uniform(-0.08, 0.08, 2)) * cell
+        r = cell * (0.42 if obj.size == "large" else 0.22)
+        colour = COLOURS[obj.colour]
+        if obj.shape == "circle":
+            draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
+        else:
+            draw.polygon(_shape_points(obj.shape, cx, cy, r), fill=colour)
+    return image
+
+
+def contact_sheet(seed, count=100, columns=10, size=128, gap=4):
+    """Returns a PIL image tiling the first `count` scenes of the world with `seed`."""
+    rows = -(-count // columns)
+    sheet = Image.new("RGB", (columns * (size + gap) + gap, rows * (size + gap) + gap),
+                      (90, 90, 90))
+    for index, scene in enumerate(make_scenes(seed, count)):
+        row, col = divmod(index, columns)
+        sheet.paste(render(scene, size), (gap + col * (size + gap), gap + row * (size + gap)))
+    return sheet
+
+
+def _position_phrase(position, rng):
+    """Returns a paraphrase of `position`, e.g. 'in the upper left corner'."""
+    words = position.split()
+    if position == "center":
+        return str(rng.choice(_CENTRE_FORMS))
+    if len(words) == 2:
+        synonym = {"top": "upper", "bottom": "lower"}[words[0]]
+        form = str(rng.choice(_CORNER_FORMS))
+        return form.format(v=words[0], vs=synonym, h=words[1])
+    if position in ("top", "bottom"):
+        return str(rng.choice(_EDGE_V_FORMS)).format(v=position)
+    return str(rng.choice(_EDGE_H_FORMS)).format(h=position)
+
+
+def _noun_phrase(mention, rng, article="a"):
+    """Returns 'a large red circle in the top left' with only the attributes mentioned."""
+    words = [article]
+    if mention.size:
+        synonyms = [w for w, canon in _SIZE_WORDS.items() if canon == mention.size]
+        words.append(str(rng.choice(synonyms)))
+    if mention.colour:
+        words.append(mention.colour)
+    words.append(mention.shape)
+    if mention.position:
+        words.append(_position_phrase(mention.position, rng))
+    return " ".join(words)
+
+
+def _join(phrases):
+    """Returns 'x', 'x and y' or 'x, y and z'."""
+    return phrases[0] if len(phrases) == 1 else ", ".join(phrases[:-1]) + " and " + phrases[-1]
+
+
+def write_caption(mentions, background, rng):
+    """Returns a caption stating `mentions` (in the given order) and the background if not None.
+
+    The sentence frame, synonyms and position phrasing are drawn from `rng`, so captions of
+    the same content vary in wording but always parse back to the same content.
+    """
+    style = int(rng.integers(3)) if mentions else 2
+    bg = background
+    if bg == "gray" and rng.random() < 0.3:
+        bg = "grey"
+    if style == 0 and mentions:
+        phrases = [_noun_phrase(m, rng) for m in mentions]
+        caption = f"{rng.choice(_INTROS)} {_join(phrases)}"
+        return caption + (f", on a {bg} background." if bg else ".")
+    if style == 1 and mentions:
+        sentences = []
+        for mention in mentions:
+            phrase = _noun_phrase(dataclasses.replace(mention, position=None), rng)
+            verb = str(rng.choice(_VERBS))
+            tail = f" {verb} {_position_phrase(mention.position, rng)}" if mention.position else ""
+            sentences.append(phrase[0].upper() + phrase[1:] + tail + ".")
+        if bg:
+            sentences.append(f"The background is {bg}.")
+        return " ".join(sentences)
+    phrases = [_noun_phrase(m, rng) for m in mentions]
+    if bg and phrases:
+        return f"On a {bg} background there is {_join(phrases)}."
+    if phrases:
+        return f"There is {_join(phrases)}."
+    return f"An empty {bg} background." if bg else "An empty picture."
+
+
+def _mention_of(obj):
+    return Mention(obj.shape, obj.colour, obj.size, obj.position)
+
+
+def reference_captions(scene, seed, count=3):
+    """Returns `count` complete captions of the scene, varied in order, frame and wording."""
+    rng = np.random.default_rng([seed, 1, *map(ord, scene.id)])
+    captions = []
+    for _ in range(count):
+        order = rng.permutation(len(scene.objects))
+        captions.append(write_caption([_mention_of(scene.objects[i]) for i in order],
+                                      scene.background, rng))
+    return captions
+
+
+ERROR_TYPES = ("missing_object", "wrong_colour", "wrong_size", "wrong_position",
+               "hallucinated_object", "missing_background")
+
+
+def _apply_error(scene, mentions, background, error, rng):
+    """Returns (mentions, background) with `error` applied, or None if it cannot apply."""
+    used_pairs = {(o.shape, o.colour) for o in scene.objects}
+    used_cells = {m.position for m in mentions} | {o.position for o in scene.objects}
+    if error == "missing_object":
+        if len(mentions) < 2:
+            return None
+        drop = int(rng.integers(len(mentions)))
+        return mentions[:drop] + mentions[drop + 1:], background
+    if error == "missing_background":
+        return (mentions, None) if background else None
+    if error == "hallucinated_object":
+        free_pairs = [(s, c) for s in SHAPES for c in COLOURS if (s, c) not in used_pairs]
+        free_cells = [p for p in POSITIONS if p not in used_cells]
+        if not free_cells:
+            return None
+        shape, colour = free_pairs[int(rng.integers(len(free_pairs)))]
+        extra = Mention(shape, colour, SIZES[int(rng.integers(2))],
+                        free_cells[int(rng.integers(len(free_cells)))])
+        at = int(rng.integers(len(mentions) + 1))
+        return mentions[:at] + [extra] + mentions[at:], background
+    k = int(rng.integers(len(mentions)))
+    mention = mentions[k]
+    if error == "wrong_colour":
+        # Never a colour another object of this shape has: that would be a different object.
+        options = [c for c in COLOURS if (mention.shape, c) not in used_pairs]
+        new = dataclasses.replace(mention, colour=options[int(rng.integers(len(options)))])
+    elif error == "wrong_size":
+        new = dataclasses.replace(mention, size="small" if mention.size == "large" else "large")
+    else:
+        options = [p for p in POSITIONS if p != mention.position]
+        new = dataclasses.replace(mention, position=options[int(rng.integers(len(options)))])
+    return mentions[:k] + [new] + mentions[k + 1:], background
+
+
+def candidate_captions(scene, seed, count=4):
+    """Returns `count` dicts {id, caption, errors}: captions with 0-2 controlled errors each."""
+    rng = np.random.default_rng([seed, 2, *map(ord, scene.id)])
+    candidates = []
+    for j in range(count):
+        mentions = [_mention_of(scene.objects[i]) for i in rng.permutation(len(scene.objects))]
+        background, errors = scene.background, []
+        for _ in range(int(rng.choice(3, p=[0.15, 0.5, 0.35]))):
+            error = ERROR_TYPES[int(rng.integers(len(ERROR_TYPES)))]
+            applied = _apply_error(scene, mentions, background, error, rng)
+            if applied is not None:
+                (mentions, background), errors = applied, errors + [error]
+        candidates.append({"id": f"{scene.id}/cand{j}",
+                           "caption": write_caption(mentions, background, rng),
+                           "errors": errors})
+    return candidates
+
+
+def _words(text):
+    """Returns the lower-cased words and separator punctuation of `text`."""
+    return re.findall(r"[a-z]+|[,.;:]", text.lower())
+
+
+def _position_of(words):
+    """Returns the canonical position named by a run of words, or None."""
+    vertical = next((_VERTICAL[w] for w in words if w in _VERTICAL), None)
+    horizontal = next((_HORIZONTAL[w] for w in words if w in _HORIZONTAL), None)
+    if vertical and horizontal:
+        return f"{vertical} {horizontal}"
+    if vertical or horizontal:
+        return vertical or horizontal
+    return "center" if any(w in _CENTRE for w in words) else None
+
+
+def parse_caption(text):
+    """Returns (list[Mention], background or None) stated by a caption in this world's language.
+
+    Size and colour words attach to the next shape word; position words attach to the last
+    shape word of their clause (clauses end at punctuation or 'and'). Words it does not know
+    are ignored, so any wording that keeps this order parses.
+    """
+    mentions, background = [], None
+    pending, position_words, clause_has_background = {}, [], False
+
+    def close_position():
+        if mentions and position_words:
+            where = _position_of(position_words)
+            if where and mentions[-1].position is None:
+                mentions[-1] = dataclasses.replace(mentions[-1], position=where)
+        position_words.clear()
+
+    for word in _words(text):
+        if word in _SEPARATORS:
+            close_position()
+            pending, clause_has_background = {}, False
+        elif word == "background":
+            clause_has_background = True
+            if "background" in pending:
+                background = pending.pop("background")
+        elif word in _BACKGROUND_WORDS:
+            if clause_has_background:
+                background = _BACKGROUND_WORDS[word]
+            else:
+                pending["background"] = _BACKGROUND_WORDS[word]
+        elif word in _SIZE_WORDS:
+            close_position()
+            pending["size"] = _SIZE_WORDS[word]
+        elif word in COLOURS:
+            close_position()
+            pending["colour"] = word
+        elif word in SHAPES:
+            close_position()
+            mentions.append(Mention(word, pending.get("colour"), pending.get("size")))
+            pending = {}
+        elif word in _VERTICAL or word in _HORIZONTAL or word in _CENTRE:
+            position_words.append(word)
+    close_position()
+    return mentions, background
+
+
+def _mention_score(mention, obj):
+    """Returns the number of facts a mention states correctly about obj (-1: other shape)."""
+    if mention.shape != obj.shape:
+        return -1
+    return 1 + sum(getattr(mention, a) == getattr(obj, a) for a in ATTRIBUTES)
+
+
+def match_mentions(scene, mentions):
+    """Returns a list, per mention, of the index of the scene object it describes or None.
+
+    The matching is one-to-one, same shape only, and maximises the facts stated correctly:
+    a dynamic programme over mentions x subsets of objects, so long model captions with many
+    mentions stay cheap.
+    """
+    # best[mask] = (score, assignment) over the mentions seen so far using objects in mask.
+    best = {0: (0, ())}
+    for mention in mentions:
+        step = {}
+        for mask, (score, assignment) in best.items():
+            options = [(score, assignment + (None,), mask)]
+            for k, obj in enumerate(scene.objects):
+                gain = _mention_score(mention, obj)
+                if gain >= 0 and not mask & (1 << k):
+                    options.append((score + gain, assignment + (k,), mask | (1 << k)))
+            for new_score, new_assignment, new_mask in options:
+                if new_mask not in step or new_score > step[new_mask][0]:
+                    step[new_mask] = (new_score, new_assignment)
+        best = step
+    score, assignment = max(best.values(), key=lambda entry: entry[0])
+    return list(assignment)
+
+
+def caption_metrics(scene, caption):
+    """Returns exact fact-level precision, recall, F1 and the hallucinated objects of a caption.
+
+    Facts: each object's existence, colour, size and position, and the background colour.
+    A stated fact is correct when the mention is matched to a scene object (same shape) with
+    that attribute; every fact of an unmatched mention is wrong, and that mention is a
+    hallucinated object.
+    """
+    mentions, background = parse_caption(caption)
+    assignment = match_mentions(scene, mentions)
+    stated = correct = 0
+    hallucinated = []
+    for mention, k in zip(mentions, assignment):
+        facts = 1 + sum(getattr(mention, a) is not None for a in ATTRIBUTES)
+        stated += facts
+        if k is None:
+            hallucinated.append(mention)
+        else:
+            correct += _mention_score(mention, scene.objects[k])
+    if background is not None:
+        stated += 1
+        correct += background == scene.background
+    total = 4 * len(scene.objects) + 1
+    precision = correct / stated if stated else 0.0
+    recall = correct / total
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1,
+            "hallucinated": hallucinated, "num_mentions": len(mentions),
+            "missing_objects": len(scene.objects) - sum(k is not None for k in assignment)}
+
+
+def main(argv=None):
+    """Writes the contact sheet named on the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contact-sheet", required=True, help="PNG path to write")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--count", type=int, default=100)
+    args = parser.parse_args(argv)
+    contact_sheet(args.seed, args.count).save(args.contact_sheet, optimize=True)
+
+
+if __name__ == "__main__":
+    main()

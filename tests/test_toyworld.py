@@ -1,0 +1,185 @@
+"""Toy world: hand-worked metrics, language round trips, records true by construction, tokenizer."""
+
+import numpy as np
+import pytest
+
+from mocojax import processing, roles
+from mocojax.data import records, toyroles, toyworld as tw
+from mocojax.data.toyworld import Mention, Obj, Scene
+
+SCENE = Scene("hand", "white", (Obj("circle", "red", "large", "top left"),
+                                Obj("square", "blue", "small", "center")))
+
+
+def _f1(p, r):
+    return 2 * p * r / (p + r)
+
+
+@pytest.mark.parametrize("caption", [
+    "A big red circle in the upper left corner and a little blue square in the middle, "
+    "on a white background.",
+    "The background is white. A small blue square sits at the centre. "
+    "A large red circle is at the top left.",
+    "On a white background there is a small blue square in the center and a large red "
+    "circle at the top left.",
+])
+def test_complete_paraphrases_score_one(caption):
+    metrics = tw.caption_metrics(SCENE, caption)
+    assert (metrics["precision"], metrics["recall"], metrics["f1"]) == (1.0, 1.0, 1.0)
+    assert metrics["hallucinated"] == [] and metrics["missing_objects"] == 0
+
+
+def test_partial_caption():
+    metrics = tw.caption_metrics(SCENE, "A large red circle in the top left.")
+    # 4 of 4 stated facts right; 4 of 9 scene facts (2 objects x 4 + background) covered.
+    assert metrics["precision"] == 1.0
+    assert metrics["recall"] == pytest.approx(4 / 9)
+    assert metrics["f1"] == pytest.approx(_f1(1, 4 / 9))
+    assert metrics["missing_objects"] == 1
+
+
+def test_wrong_attributes_and_hallucination():
+    caption = ("A large green circle in the top left, a small blue square in the center and "
+               "a yellow star at the bottom, on a gray background.")
+    metrics = tw.caption_metrics(SCENE, caption)
+    # stated: circle 4 (3 right), square 4 (4 right), star 3 (0 right), background 1 (wrong).
+    assert metrics["precision"] == pytest.approx(7 / 12)
+    assert metrics["recall"] == pytest.approx(7 / 9)
+    assert metrics["f1"] == pytest.approx(_f1(7 / 12, 7 / 9))
+    assert metrics["hallucinated"] == [Mention("star", "yellow", None, "bottom")]
+
+
+def test_same_shape_objects_are_matched_one_to_one():
+    scene = Scene("two", "black", (Obj("circle", "red", "small", "top left"),
+                                   Obj("circle", "blue", "large", "bottom right")))
+    metrics = tw.caption_metrics(scene, "A small blue circle at the top left and a big red "
+                                        "circle in the lower right. The background is black.")
+    # Each mention has its colour swapped: 3 of 4 facts right per mention.
+    assert metrics["precision"] == pytest.approx(7 / 9)
+    assert metrics["recall"] == pytest.approx(7 / 9)
+    assert tw.caption_metrics(scene, "A red circle, a red circle and a red circle.")[
+        "hallucinated"] == [Mention("circle", "red")]
+
+
+def test_references_parse_back_to_the_scene():
+    for index in range(300):
+        scene = tw.make_scene(3, index)
+        truth = sorted((o.shape, o.colour, o.size, o.position) for o in scene.objects)
+        for caption in tw.reference_captions(scene, seed=3):
+            mentions, background = tw.parse_caption(caption)
+            assert sorted((m.shape, m.colour, m.size, m.position) for m in mentions) == truth
+            assert background == scene.background
+
+
+def test_candidate_errors_show_in_metrics():
+    seen = set()
+    for scene in tw.make_scenes(5, 200):
+        for candidate in tw.candidate_captions(scene, seed=5):
+            seen.update(candidate["errors"])
+            if not candidate["errors"]:
+                assert tw.caption_metrics(scene, candidate["caption"])["f1"] == 1.0
+    assert seen == set(tw.ERROR_TYPES)
+
+
+def test_criteria_round_trip():
+    for fact in [toyroles.Fact("present", Mention("circle", "red")),
+                 toyroles.Fact("absent", Mention("star", "green")),
+                 toyroles.Fact("attribute", Mention("circle", position="top left"), "colour", "red"),
+                 toyroles.Fact("attribute", Mention("square", "blue"), "position", "bottom"),
+                 toyroles.Fact("attribute", Mention("square"), "size", "small"),
+                 toyroles.Fact("background", value="gray")]:
+        assert toyroles.parse_criterion(toyroles.item_of(fact).criterion) == fact
+    for criterion in ["the caption is detailed", "mentions a circle", "the circle is red and blue",
+                      "the red circle is red", "", "is"]:
+        assert toyroles.parse_criterion(criterion) is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_records_parse_back_and_are_true(seed):
+    examples = toyroles.sft_records(seed, 80, mix=(2, 1, 2))
+    scenes = {s.id: s for s in tw.make_scenes(seed, 80)}
+    assert [e["role"] for e in examples[:5]] == ["policy", "policy", "generator", "judge", "judge"]
+    for example in examples:
+        scene = scenes[example["scene_id"]]
+        if example["role"] == "policy":
+            assert tw.caption_metrics(scene, example["target"])["f1"] == 1.0
+        elif example["role"] == "generator":
+            items, problems = roles.parse_rubric(example["target"])
+            assert problems == [] and 1 <= len(items) <= 8
+            assert {i.weight for i in items} <= {1.0, 2.0, 3.0}
+            assert toyroles.rubric_truth_rate(scene, items) == (1.0, 0)
+            # Complete references meet every item of a rubric that is true of the scene.
+            for reference in example["references"]:
+                facts = [toyroles.parse_criterion(i.criterion) for i in items]
+                mentions, background = tw.parse_caption(reference)
+                assert all(toyroles.judge_fact(f, mentions, background).value for f in facts)
+        else:
+            rubric = [roles.RubricItem(*item) for item in example["rubric"]]
+            decisions, problems = roles.parse_decisions(example["target"], len(rubric))
+            assert problems == []
+            assert toyroles.judge_accuracy(rubric, example["caption"], decisions) == (1.0, 0)
+
+
+def test_uncut_rubric_catches_every_flawed_candidate():
+    for scene in tw.make_scenes(9, 150):
+        candidates = [c["caption"] for c in tw.candidate_captions(scene, seed=9)]
+        facts = toyroles.rubric_facts(scene, candidates, max_items=100)
+        weights = [toyroles.WEIGHTS[f.kind] for f in facts]
+        for caption in candidates:
+            mentions, background = tw.parse_caption(caption)
+            values = [toyroles.judge_fact(f, mentions, background).value for f in facts]
+            flawed = tw.caption_metrics(scene, caption)["f1"] < 1.0
+            assert (roles.rubric_reward(weights, values) < 1.0) == flawed
+
+
+def test_wrong_judge_decisions_lower_accuracy():
+    example = next(e for e in toyroles.sft_records(4, 5) if e["role"] == "judge")
+    rubric = [roles.RubricItem(*item) for item in example["rubric"]]
+    decisions, _ = roles.parse_decisions(example["target"], len(rubric))
+    flipped = [1 - decisions[0].value] + [d.value for d in decisions[1:]]
+    accuracy, unreadable = toyroles.judge_accuracy(rubric, example["caption"], flipped)
+    assert accuracy == pytest.approx(1 - 1 / len(rubric)) and unreadable == 0
+
+
+def test_determinism():
+    assert tw.make_scenes(11, 20) == tw.make_scenes(11, 20)
+    assert tw.make_scenes(11, 20) != tw.make_scenes(12, 20)
+    assert tw.make_scenes(11, 5, start=15) == tw.make_scenes(11, 20)[15:]
+    assert toyroles.sft_records(11, 10) == toyroles.sft_records(11, 10)
+    scene = tw.make_scene(11, 3)
+    assert np.array_equal(np.asarray(tw.render(scene)), np.asarray(tw.render(scene)))
+    assert Scene.from_dict(scene.to_dict()) == scene
+
+
+def test_render_and_contact_sheet():
+    scene = Scene("r", "black", (Obj("star", "yellow", "large", "center"),))
+    pixels = np.asarray(tw.render(scene, 96))
+    assert pixels.shape == (96, 96, 3)
+    assert tuple(pixels[48, 48]) == tw.COLOURS["yellow"]
+    assert tuple(pixels[2, 2]) == tw.BACKGROUNDS["black"]
+    assert tw.contact_sheet(0, count=6, columns=3, size=32, gap=2).size == (3 * 34 + 2, 2 * 34 + 2)
+
+
+def test_tokenizer_covers_every_record(tmp_path):
+    path = toyroles.build_tokenizer(str(tmp_path / "tok"))
+    tokenizer = processing.load_tokenizer(path)
+    vocab_size = len(tokenizer)
+    assert vocab_size < 1000
+    for token in toyroles.SPECIAL_TOKENS:
+        assert tokenizer.convert_ids_to_tokens(tokenizer.convert_tokens_to_ids(token)) == token
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+    unk = tokenizer.unk_token_id
+    texts = []
+    for example in toyroles.sft_records(77, 150, mix=(3, 1, 3)):
+        for message in records.conversation(example, None):
+            content = message["content"]
+            texts += [content] if isinstance(content, str) else [
+                part["text"] for part in content if part["type"] == "text"]
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert unk not in ids, text
+        assert tokenizer.decode(ids) == text
+    specials = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Hi<|im_end|>"
+    ids = tokenizer(specials, add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(ids[:2]) == ["<|im_start|>", "user"]
+    assert len(ids) == 8
