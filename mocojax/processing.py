@@ -158,16 +158,13 @@ def load_image(source: str | os.PathLike | bytes, max_image_pixels: int = MAX_IM
             # EXIF orientation is applied as transformers.image_utils.load_image does.
             upright = ImageOps.exif_transpose(image)
             rgb = to_rgb(upright)
-            rgb.load()
-    except ImageError:
+    except ImageError:  # ours, raised above; ImageError is a ValueError, so let it pass unchanged
         raise
     except Image.DecompressionBombError as error:
         raise ImageError(f"{name}: {error}") from None
     except (OSError, SyntaxError, ValueError, EOFError) as error:
         raise ImageError(f"{name}: cannot decode image: {error}") from None
     width, height = rgb.size
-    if width == 0 or height == 0:
-        raise ImageError(f"{name}: image has zero size ({width}x{height})")
     if max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
         raise ImageError(f"{name}: aspect ratio of the {width}x{height} image exceeds {MAX_ASPECT_RATIO}")
     return rgb
@@ -292,15 +289,17 @@ class Processor:
         self.max_pixels = max_pixels
         self.max_length = max_length
         self.pad_to_multiple_of = pad_to_multiple_of
-        self.image_token_id = self.token_id(IMAGE_PAD)
-        self.video_token_id = self.token_id(VIDEO_PAD)
-        self.vision_start_token_id = self.token_id(VISION_START)
-        self.vision_end_token_id = self.token_id(VISION_END)
-        self.im_start_token_id = self.token_id(IM_START)
-        self.im_end_token_id = self.token_id(IM_END)
+        self._special_ids = {token: self.token_id(token) for token in
+                             (IM_START, IM_END, END_OF_TEXT, VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)}
+        self.image_token_id = self._special_ids[IMAGE_PAD]
+        self.video_token_id = self._special_ids[VIDEO_PAD]
+        self.vision_start_token_id = self._special_ids[VISION_START]
+        self.vision_end_token_id = self._special_ids[VISION_END]
+        self.im_start_token_id = self._special_ids[IM_START]
+        self.im_end_token_id = self._special_ids[IM_END]
         self.pad_token_id = self.token_id(getattr(tokenizer, "pad_token", None) or END_OF_TEXT)
         # Qwen3-VL's generation_config stops on <|im_end|> and <|endoftext|>.
-        self.eos_token_ids = (self.im_end_token_id, self.token_id(END_OF_TEXT))
+        self.eos_token_ids = (self.im_end_token_id, self._special_ids[END_OF_TEXT])
         self._vision_ids = {self.image_token_id, self.video_token_id, self.vision_start_token_id,
                             self.vision_end_token_id}
 
@@ -326,7 +325,7 @@ class Processor:
             if piece.kind == "image":
                 piece_ids, is_image = [self.image_token_id] * piece.value, 1
             elif piece.kind == "special":
-                piece_ids, is_image = [self.token_id(piece.value)], 0
+                piece_ids, is_image = [self._special_ids[piece.value]], 0
             else:
                 piece_ids, is_image = list(self.tokenizer(piece.value, add_special_tokens=False)["input_ids"]), 0
                 if self._vision_ids.intersection(piece_ids):

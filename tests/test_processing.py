@@ -356,7 +356,8 @@ def reference_sft(tokenizer, messages, image_grid_thw):
         if message["role"] == "assistant":
             reply = message["content"] if isinstance(message["content"], str) else "".join(
                 item["text"] for item in message["content"])
-            start = text.index("<|im_start|>assistant\n" + reply + "<|im_end|>", cursor) + len("<|im_start|>assistant\n")
+            header = "<|im_start|>assistant\n"
+            start = text.index(header + reply + "<|im_end|>", cursor) + len(header)
             cursor = start + len(reply) + len("<|im_end|>")
             spans.append((start, cursor))
     encoded = tokenizer(text, return_offsets_mapping=True)
