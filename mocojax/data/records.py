@@ -64,7 +64,8 @@ class LoadReport:
             logging.log(level, "  skipped: %s", message)
 
 
-def _fail(record_id, reason, detail):
+def bad_record(record_id, reason, detail):
+    """Returns a BadRecord for record_id, tagged with a reason (its count key in a LoadReport)."""
     error = BadRecord(f"record {record_id}: {detail}")
     error.reason = reason
     return error
@@ -73,11 +74,11 @@ def _fail(record_id, reason, detail):
 def check_image(path, record_id):
     """Returns path if it is a readable image file; raises BadRecord otherwise."""
     if not os.path.isfile(path):
-        raise _fail(record_id, "missing_image", f"image file {path} does not exist")
+        raise bad_record(record_id, "missing_image", f"image file {path} does not exist")
     try:
         processing.load_image(path)
     except processing.ImageError as error:
-        raise _fail(record_id, "unreadable_image", str(error)) from None
+        raise bad_record(record_id, "unreadable_image", str(error)) from None
     return path
 
 
@@ -88,23 +89,23 @@ def _captions(raw, key, record_id, required=True):
     if isinstance(values, str):
         values = [values]
     if not isinstance(values, list) or not values:
-        raise _fail(record_id, "missing_field", f"field {key!r} is missing or not a list")
+        raise bad_record(record_id, "missing_field", f"field {key!r} is missing or not a list")
     if any(not isinstance(v, str) or not v.strip() for v in values):
-        raise _fail(record_id, "empty_caption", f"field {key!r} has an empty or non-text caption")
+        raise bad_record(record_id, "empty_caption", f"field {key!r} has an empty or non-text caption")
     return [v.strip() for v in values]
 
 
 def validate(raw, image_root="", check_images=True):
     """Returns a clean image record from a raw dict; raises BadRecord naming the record."""
     if not isinstance(raw, dict):
-        raise _fail("?", "not_an_object", f"expected a JSON object, got {type(raw).__name__}")
+        raise bad_record("?", "not_an_object", f"expected a JSON object, got {type(raw).__name__}")
     record_id = raw.get("id")
     if record_id is None or str(record_id) == "":
-        raise _fail("?", "missing_field", "field 'id' is missing")
+        raise bad_record("?", "missing_field", "field 'id' is missing")
     record_id = str(record_id)
     image = raw.get("image")
     if not isinstance(image, str) or not image:
-        raise _fail(record_id, "missing_field", "field 'image' is missing")
+        raise bad_record(record_id, "missing_field", "field 'image' is missing")
     path = os.path.join(image_root, image)
     if check_images:
         check_image(path, record_id)
@@ -113,7 +114,7 @@ def validate(raw, image_root="", check_images=True):
     candidates = raw.get("candidates") or []
     if not isinstance(candidates, list) or any(
             not isinstance(c, dict) or not str(c.get("caption", "")).strip() for c in candidates):
-        raise _fail(record_id, "empty_caption", "a candidate has no caption")
+        raise bad_record(record_id, "empty_caption", "a candidate has no caption")
     record["candidates"] = [{"id": str(c.get("id", f"cand{k}")), "caption": c["caption"].strip()}
                             for k, c in enumerate(candidates)]
     if raw.get("rubric") is not None:
@@ -121,24 +122,24 @@ def validate(raw, image_root="", check_images=True):
             rubric = [roles.RubricItem(str(i["criterion"]), str(i.get("check", "")),
                                        float(i["weight"])) for i in raw["rubric"]]
         except (KeyError, TypeError, ValueError) as error:
-            raise _fail(record_id, "bad_rubric", f"malformed rubric: {error!r}") from None
+            raise bad_record(record_id, "bad_rubric", f"malformed rubric: {error!r}") from None
         if not rubric or any(item.weight <= 0 for item in rubric):
-            raise _fail(record_id, "bad_rubric", "rubric is empty or has a weight <= 0")
+            raise bad_record(record_id, "bad_rubric", "rubric is empty or has a weight <= 0")
         record["rubric"] = rubric
     if raw.get("decisions") is not None:
         decisions = raw["decisions"]
         if "rubric" not in record or not isinstance(decisions, dict):
-            raise _fail(record_id, "bad_decisions", "decisions need a rubric and a dict by candidate id")
+            raise bad_record(record_id, "bad_decisions", "decisions need a rubric and a dict by candidate id")
         known = {c["id"] for c in record["candidates"]}
         try:
             record["decisions"] = {
                 str(cid): [roles.Decision(int(d["value"]), str(d.get("rationale", ""))) for d in per]
                 for cid, per in decisions.items()}
         except (KeyError, TypeError, ValueError) as error:
-            raise _fail(record_id, "bad_decisions", f"malformed decisions: {error!r}") from None
+            raise bad_record(record_id, "bad_decisions", f"malformed decisions: {error!r}") from None
         for cid, per in record["decisions"].items():
             if cid not in known or len(per) != len(record["rubric"]):
-                raise _fail(record_id, "bad_decisions",
+                raise bad_record(record_id, "bad_decisions",
                             f"decisions for {cid!r}: unknown candidate or not one per rubric item")
     return record
 
@@ -168,10 +169,11 @@ def read_rows(path):
             try:
                 yield json.loads(line)
             except json.JSONDecodeError as error:
-                yield _fail(f"at line {line_number}", "bad_json", f"not JSON: {error}")
+                yield bad_record(f"at line {line_number}", "bad_json", f"not JSON: {error}")
 
 
-def _raise_or_pass(row):
+def raise_if_bad(row):
+    """Returns row; raises it if read_rows yielded a BadRecord in its place."""
     if isinstance(row, BadRecord):
         raise row
     return row
@@ -184,7 +186,7 @@ def load_jsonl(path, image_root=None, strict=False, check_images=True):
     """
     root = os.path.dirname(os.path.abspath(path)) if image_root is None else image_root
     return collect(read_rows(path),
-                   lambda row: validate(_raise_or_pass(row), root, check_images),
+                   lambda row: validate(raise_if_bad(row), root, check_images),
                    strict, name=path)
 
 

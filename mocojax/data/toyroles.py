@@ -24,7 +24,6 @@ WEIGHTS = {"present": 3.0, "absent": 3.0, "attribute": 2.0, "background": 1.0}
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
                   "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<think>", "</think>")
 UNK_TOKEN = "<unk>"
-ROLE_NAMES = ("policy", "generator", "judge")
 
 
 @dataclasses.dataclass(frozen=True)

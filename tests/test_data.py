@@ -1,0 +1,200 @@
+"""Records, sources (PixMo-Cap, DenseFusion shapes), bad records, and the grain pipelines."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mocojax import processing, roles
+from mocojax.data import pipeline, records, sources, toyroles
+
+
+def _write_jsonl(path, rows):
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(row if isinstance(row, str) else json.dumps(row))
+            f.write("\n")
+    return str(path)
+
+
+def _image(path, colour=(200, 30, 30)):
+    Image.new("RGB", (40, 30), colour).save(path)
+    return str(path)
+
+
+@pytest.fixture
+def image_dir(tmp_path):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    _image(folder / "a.png")
+    _image(folder / "b.jpg", (10, 10, 200))
+    (folder / "broken.jpg").write_bytes(b"not an image at all")
+    return folder
+
+
+USER_ROW = {"id": "img1", "image": "a.png", "references": ["A red box.", "A red square."],
+            "candidates": [{"id": "c0", "caption": "A blue box."}],
+            "rubric": [{"criterion": "says the box is red", "check": "red", "weight": 2}],
+            "decisions": {"c0": [{"value": 0, "rationale": "it says blue"}]}}
+
+
+def test_user_jsonl_to_role_examples(image_dir, tmp_path):
+    path = _write_jsonl(tmp_path / "data.jsonl", [USER_ROW])
+    loaded, report = records.load_jsonl(path, image_root=str(image_dir), strict=True)
+    assert report.kept == 1 and loaded[0]["image"] == str(image_dir / "a.png")
+    examples = records.sft_examples(loaded)
+    assert [e["role"] for e in examples] == ["policy", "policy", "generator", "judge"]
+    items, problems = roles.parse_rubric(examples[2]["target"])
+    assert problems == [] and items == [roles.RubricItem("says the box is red", "red", 2.0)]
+    decisions, problems = roles.parse_decisions(examples[3]["target"], 1)
+    assert problems == [] and decisions == [roles.Decision(0, "it says blue")]
+    judge = records.conversation(examples[3], None)
+    assert judge[-1] == {"role": "assistant", "content": "1 | 0 | it says blue"}
+
+
+BAD_ROWS = {
+    "missing_image": {"id": "m1", "image": "nope.png", "references": ["x"]},
+    "unreadable_image": {"id": "u1", "image": "broken.jpg", "references": ["x"]},
+    "empty_caption": {"id": "e1", "image": "a.png", "references": ["  "]},
+    "missing_field": {"id": "f1", "image": "a.png"},
+}
+
+
+@pytest.mark.parametrize("reason", sorted(BAD_ROWS))
+def test_bad_records_strict_names_the_record(reason, image_dir, tmp_path):
+    path = _write_jsonl(tmp_path / "bad.jsonl", [USER_ROW, BAD_ROWS[reason]])
+    with pytest.raises(records.BadRecord, match=f"record {BAD_ROWS[reason]['id']}:"):
+        records.load_jsonl(path, image_root=str(image_dir), strict=True)
+
+
+def test_bad_records_lenient_skips_and_counts(image_dir, tmp_path):
+    rows = [USER_ROW, *BAD_ROWS.values(), "{not json", {"image": "a.png", "references": ["x"]}]
+    path = _write_jsonl(tmp_path / "bad.jsonl", rows)
+    loaded, report = records.load_jsonl(path, image_root=str(image_dir))
+    assert [r["id"] for r in loaded] == ["img1"]
+    assert report.read == 7 and report.kept == 1
+    assert report.skipped == {"missing_image": 1, "unreadable_image": 1, "empty_caption": 1,
+                              "missing_field": 2, "bad_json": 1}
+
+
+def test_pixmo_cap_fixture(image_dir, tmp_path):
+    by_digest = "https://images.example.org/x/photo.png"
+    (image_dir / f"{sources.url_digest(by_digest)}.png").write_bytes(
+        (image_dir / "a.png").read_bytes())
+    rows = [{"image_url": by_digest, "caption": "A red photo.", "transcripts": ["um a red", "red"]},
+            {"image_url": "https://cdn.example.org/q/b.jpg?size=2", "caption": "Blue.",
+             "transcripts": []},
+            {"image_url": "https://cdn.example.org/missing.jpg", "caption": "Gone.",
+             "transcripts": []},
+            {"image_url": "https://cdn.example.org/q/b.jpg", "caption": "", "transcripts": []}]
+    path = _write_jsonl(tmp_path / "pixmo.jsonl", rows)
+    loaded, report = sources.load_pixmo_cap(path, str(image_dir), transcripts_as_references=True)
+    assert [r["references"] for r in loaded] == [["A red photo.", "um a red", "red"], ["Blue."]]
+    assert loaded[0]["id"] == sources.url_digest(by_digest)[:16]
+    assert loaded[1]["image"].endswith("b.jpg")
+    assert report.skipped == {"missing_image": 1, "empty_caption": 1}
+    missing_id = sources.url_digest(rows[2]["image_url"])[:16]
+    with pytest.raises(records.BadRecord, match=f"record {missing_id}: no image"):
+        sources.load_pixmo_cap(path, str(image_dir), strict=True)
+
+
+def test_densefusion_fixture(image_dir, tmp_path):
+    rows = [{"image_id": "df_1", "image_path": "a.png", "caption": "Dense red."},
+            {"image_id": "df_2", "image_path": "b.jpg", "caption": "Dense blue."},
+            {"image_id": "df_3", "caption": "No path."},
+            {"image_id": "df_4", "image_path": "broken.jpg", "caption": "Broken."}]
+    path = tmp_path / "densefusion.json"
+    path.write_text(json.dumps(rows))
+    loaded, report = sources.load_densefusion(str(path), str(image_dir))
+    assert [(r["id"], r["references"]) for r in loaded] == [("df_1", ["Dense red."]),
+                                                            ("df_2", ["Dense blue."])]
+    assert report.skipped == {"missing_field": 1, "unreadable_image": 1}
+    with pytest.raises(records.BadRecord, match="record df_3: field 'image_path'"):
+        sources.load_densefusion(str(path), str(image_dir), strict=True)
+
+
+@pytest.fixture(scope="module")
+def processor(tmp_path_factory):
+    path = toyroles.build_tokenizer(str(tmp_path_factory.mktemp("tok")))
+    # 128x128 toy images stay 128x128: 8x8 patches, 16 image tokens.
+    return processing.Processor(processing.load_tokenizer(path), min_pixels=128 * 128,
+                                max_pixels=128 * 128)
+
+
+@pytest.fixture(scope="module")
+def examples():
+    return toyroles.sft_records(seed=0, num_scenes=12)
+
+
+def _take(iterator, count):
+    return [next(iterator) for _ in range(count)]
+
+
+def _same(batches_a, batches_b):
+    return all(np.array_equal(a["input_ids"], b["input_ids"]) and
+               np.array_equal(a["role"], b["role"]) for a, b in zip(batches_a, batches_b))
+
+
+def test_pipeline_deterministic_and_resumable(processor, examples):
+    def dataset(seed):
+        return pipeline.sft_dataset(examples, processor, global_batch_size=4, seed=seed)
+
+    uninterrupted = _take(iter(dataset(0)), 6)
+    assert _same(uninterrupted, _take(iter(dataset(0)), 6))
+    assert not _same(uninterrupted, _take(iter(dataset(1)), 6))
+    first = iter(dataset(0))
+    _take(first, 3)
+    state = json.loads(json.dumps(first.get_state()))  # survives a checkpoint file
+    resumed = iter(dataset(0))
+    resumed.set_state(state)
+    assert _same(uninterrupted[3:], _take(resumed, 3))
+    # 12 scenes x 4 examples = 48: batches 12..13 are the second, reshuffled epoch.
+    assert len(_take(iter(dataset(0)), 14)) == 14
+
+
+def test_pipeline_batches(processor, examples):
+    batch = next(iter(pipeline.sft_dataset(examples, processor, global_batch_size=8, seed=3)))
+    assert batch["input_ids"].shape[1] in pipeline.DEFAULT_BUCKETS
+    assert batch["input_ids"].shape == batch["loss_mask"].shape == (8, batch["input_ids"].shape[1])
+    images = sum(records.ROLES[r] != "judge" for r in batch["role"])
+    assert batch["image_grid_thw"].shape == (images, 3)
+    assert batch["pixel_values"].shape == (images * 64, 1536)
+    tokenizer = processor.tokenizer
+    # The loss covers exactly the assistant reply and its <|im_end|>.
+    ordered = sorted(examples, key=lambda e: e["target"])
+    for row in range(8):
+        reply = tokenizer.decode(batch["input_ids"][row][batch["loss_mask"][row] == 1])
+        assert reply.endswith("<|im_end|>")
+        target = reply[:-len("<|im_end|>")]
+        match = [e for e in ordered if e["target"] == target]
+        assert match and records.ROLES.index(match[0]["role"]) == batch["role"][row]
+
+
+def test_hosts_split_the_global_batch(processor, examples):
+    def rows(index, count):
+        it = iter(pipeline.sft_dataset(examples, processor, global_batch_size=4, seed=5,
+                                       process_index=index, process_count=count))
+        return [list(map(tuple, b["input_ids"][:, :40])) for b in _take(it, 2)]
+
+    single = rows(0, 1)
+    halves = [rows(0, 2), rows(1, 2)]
+    for step in range(2):
+        assert single[step] == halves[0][step] + halves[1][step]
+    with pytest.raises(ValueError, match="does not split"):
+        pipeline.host_slice([1, 2, 3], 0, 2)
+
+
+def test_bucket_length():
+    assert pipeline.bucket_length(129, (128, 256)) == 256
+    with pytest.raises(ValueError, match="largest length bucket 256"):
+        pipeline.bucket_length(300, (128, 256))
+
+
+def test_rl_dataset():
+    image_records = toyroles.image_records(seed=2, num_scenes=6)
+    group = next(iter(pipeline.rl_dataset(image_records, global_batch_size=2, seed=0)))
+    assert len(group) == 2 and group[0]["image"].size == (128, 128)
+    assert len(group[0]["references"]) == 3
+    assert os.path.basename(group[0]["id"]).startswith("toy2-")
