@@ -153,11 +153,14 @@ class VisionMeta:
 
 
 def _axis_taps(index: np.ndarray, size: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
-    # align_corners=True: output index i maps to linspace(0, side-1, size)[i].
-    src = index.astype(np.float64) * (side - 1) / np.maximum(size - 1, 1)
+    # align_corners=True: output index i maps to linspace(0, side-1, size)[i]. Computed in
+    # float32 in the same order as transformers so the weights agree to the last bit.
+    f32 = np.float32
+    src = index.astype(f32) * f32(side - 1) / np.maximum(size - 1, 1).astype(f32)
     floor = np.floor(src)
-    taps = np.stack([floor, floor + 1], axis=-1).astype(np.int64)
-    weights = np.clip(1.0 - np.abs(src[:, None] - taps), 0.0, None)
+    offsets = np.array([0, 1], f32)
+    taps = floor.astype(np.int64)[:, None] + offsets.astype(np.int64)
+    weights = np.clip(f32(1) - np.abs(src[:, None] - floor[:, None] - offsets), f32(0), None)
     return np.clip(taps, 0, side - 1), weights
 
 
