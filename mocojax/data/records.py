@@ -31,6 +31,7 @@ import logging
 import os
 
 from mocojax import processing, roles
+from mocojax.data import toyworld
 
 ROLES = ("policy", "generator", "judge")
 
@@ -236,7 +237,5 @@ def example_image(example, image_size=128):
     if example["role"] == "judge":
         return None
     if "scene" in example:
-        from mocojax.data import toyworld  # only toy examples need it
-
         return toyworld.render(example["scene"], image_size)
     return processing.load_image(example["image"])

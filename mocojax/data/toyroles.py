@@ -18,6 +18,7 @@ import re
 import numpy as np
 
 from mocojax import roles
+from mocojax.data import records as records_lib
 from mocojax.data import toyworld as tw
 
 WEIGHTS = {"present": 3.0, "absent": 3.0, "attribute": 2.0, "background": 1.0}
@@ -86,8 +87,8 @@ def parse_criterion(criterion):
     mentions, _ = tw.parse_caption(subject)
     words = re.findall(r"[a-z]+", predicate)
     values = {"colour": [w for w in words if w in tw.COLOURS],
-              "size": [tw._SIZE_WORDS[w] for w in words if w in tw._SIZE_WORDS],
-              "position": [p] if (p := tw._position_of(words)) else []}
+              "size": [tw.SIZE_WORDS[w] for w in words if w in tw.SIZE_WORDS],
+              "position": [p] if (p := tw.position_of(words)) else []}
     stated = [(a, v[0]) for a, v in values.items() if len(v) == 1]
     if len(mentions) != 1 or len(stated) != 1 or any(len(v) > 1 for v in values.values()):
         return None
@@ -265,13 +266,11 @@ _PRETOKEN_PATTERN = r"\n| ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]|\s"
 
 def _vocabulary_corpus():
     """Returns texts holding every word the role prompts, captions, rubrics and decisions use."""
-    from mocojax.data import records as records_lib  # prompts built from user records too
-
     texts = [roles.POLICY_INSTRUCTION, roles.GENERATOR_INSTRUCTION, roles.JUDGE_INSTRUCTION,
              "system user assistant References Candidates Rubric Caption",
              " ".join(tw.SHAPES + tuple(tw.COLOURS) + tuple(tw.BACKGROUNDS) + tw.POSITIONS),
-             " ".join(tw._SIZE_WORDS) + " grey upper lower corner side centre middle along",
-             " ".join(tw._INTROS + tw._VERBS), "An empty picture On there is",
+             " ".join(tw.SIZE_WORDS) + " grey upper lower corner side centre middle along",
+             " ".join(tw.INTROS + tw.VERBS), "An empty picture On there is",
              "0123456789 .,;:|-()[]'\"!?/"]
     for record in sft_records(seed=12345, num_scenes=200, mix=(3, 1, 4)):
         messages = records_lib.conversation(record, image=None)

@@ -27,15 +27,15 @@ POSITIONS = ("top left", "top", "top right", "left", "center", "right",
 ATTRIBUTES = ("colour", "size", "position")
 
 # Synonyms the captions use, mapped to canonical words by the parser.
-_SIZE_WORDS = {"small": "small", "little": "small", "large": "large", "big": "large"}
+SIZE_WORDS = {"small": "small", "little": "small", "large": "large", "big": "large"}
 _BACKGROUND_WORDS = {"white": "white", "gray": "gray", "grey": "gray", "black": "black"}
 _VERTICAL = {"top": "top", "upper": "top", "bottom": "bottom", "lower": "bottom"}
 _HORIZONTAL = {"left": "left", "right": "right"}
 _CENTRE = {"center", "centre", "middle"}
 _SEPARATORS = {",", ".", ";", ":", "and"}
 
-_INTROS = ("The image shows", "There is", "We see", "This picture contains", "It shows")
-_VERBS = ("sits", "is", "appears", "can be seen")
+INTROS = ("The image shows", "There is", "We see", "This picture contains", "It shows")
+VERBS = ("sits", "is", "appears", "can be seen")
 _CORNER_FORMS = ("in the {v} {h}", "at the {v} {h}", "in the {v} {h} corner",
                  "in the {vs} {h}")
 _EDGE_V_FORMS = ("at the {v}", "in the {v} middle", "at the {v} center", "along the {v}")
@@ -168,7 +168,7 @@ def _noun_phrase(mention, rng, article="a"):
     """Returns 'a large red circle in the top left' with only the attributes mentioned."""
     words = [article]
     if mention.size:
-        synonyms = [w for w, canon in _SIZE_WORDS.items() if canon == mention.size]
+        synonyms = [w for w, canon in SIZE_WORDS.items() if canon == mention.size]
         words.append(str(rng.choice(synonyms)))
     if mention.colour:
         words.append(mention.colour)
@@ -195,13 +195,13 @@ def write_caption(mentions, background, rng):
         bg = "grey"
     if style == 0 and mentions:
         phrases = [_noun_phrase(m, rng) for m in mentions]
-        caption = f"{rng.choice(_INTROS)} {_join(phrases)}"
+        caption = f"{rng.choice(INTROS)} {_join(phrases)}"
         return caption + (f", on a {bg} background." if bg else ".")
     if style == 1 and mentions:
         sentences = []
         for mention in mentions:
             phrase = _noun_phrase(dataclasses.replace(mention, position=None), rng)
-            verb = str(rng.choice(_VERBS))
+            verb = str(rng.choice(VERBS))
             tail = f" {verb} {_position_phrase(mention.position, rng)}" if mention.position else ""
             sentences.append(phrase[0].upper() + phrase[1:] + tail + ".")
         if bg:
@@ -292,7 +292,7 @@ def _words(text):
     return re.findall(r"[a-z]+|[,.;:]", text.lower())
 
 
-def _position_of(words):
+def position_of(words):
     """Returns the canonical position named by a run of words, or None."""
     vertical = next((_VERTICAL[w] for w in words if w in _VERTICAL), None)
     horizontal = next((_HORIZONTAL[w] for w in words if w in _HORIZONTAL), None)
@@ -315,7 +315,7 @@ def parse_caption(text):
 
     def close_position():
         if mentions and position_words:
-            where = _position_of(position_words)
+            where = position_of(position_words)
             if where and mentions[-1].position is None:
                 mentions[-1] = dataclasses.replace(mentions[-1], position=where)
         position_words.clear()
@@ -333,9 +333,9 @@ def parse_caption(text):
                 background = _BACKGROUND_WORDS[word]
             else:
                 pending["background"] = _BACKGROUND_WORDS[word]
-        elif word in _SIZE_WORDS:
+        elif word in SIZE_WORDS:
             close_position()
-            pending["size"] = _SIZE_WORDS[word]
+            pending["size"] = SIZE_WORDS[word]
         elif word in COLOURS:
             close_position()
             pending["colour"] = word
