@@ -188,6 +188,11 @@ def apply(
     return model.text.logits(hidden), aux
 
 
+def lm_logits(cfg: ModelConfig, params: Params, hidden: jnp.ndarray) -> jnp.ndarray:
+    """Returns float32 logits [B, T, V] of final normed hidden states [B, T, D] (aux["hidden"])."""
+    return _merge(cfg, params).text.logits(hidden)
+
+
 @functools.partial(jax.jit, static_argnums=(0,))
 def _forward_jit(cfg, params, input_ids, attention_mask, positions, pixel_values, vision):
     return apply(cfg, params, input_ids, attention_mask, positions, pixel_values, vision)[0]

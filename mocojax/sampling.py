@@ -1,0 +1,359 @@
+"""Sampling from Qwen3-VL: a bucketed prefill, a KV cache shared by each group's samples, a
+jitted `lax.while_loop` decoder, and the scorer that RL uses for old/ref/new logprobs.
+
+Three jitted programs do everything, each compiled once per bucketed shape:
+* prefill: runs the model once on B left-padded prompts (images included), fills a KV cache of
+  prompt + `reserve` slots and repeats it N times, so sample j of prompt b (row b*N+j) starts
+  from its prompt's cache without re-encoding it;
+* extend: appends right-padded continuations [B*N, C] to such a cache (the Judge's captions
+  after a shared rubric prefix) and, when scoring, returns their token logprobs;
+* decode: samples up to T tokens per row in one `lax.while_loop` over a donated state and stops
+  as soon as every row has emitted an EOS id.
+
+Logprobs are always under the model's unscaled softmax, log_softmax(logits) at temperature 1,
+whatever temperature / top-k / top-p drew the token: that is the probability GRPO's importance
+ratio and KL need. Slots after a row's end hold `pad_id` and logprob 0; `lengths` counts the
+generated tokens including the EOS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mocojax import model
+from mocojax.model import ModelConfig, VisionMeta
+
+def bucket(n: int, minimum: int = 16) -> int:
+    """Returns the padded size of n: a power of two >= minimum up to 1024, then a multiple of 1024."""
+    if n <= 1024:
+        return max(minimum, 1 << max(n - 1, 0).bit_length())
+    return -(-n // 1024) * 1024
+
+
+# ----------------------------------------------------------------------------- pytrees
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """A left-padded, bucketed prompt batch ready for the device (host arrays until jit moves them)."""
+
+    input_ids: np.ndarray  # [B, L] int32
+    attention_mask: np.ndarray  # [B, L] int32
+    positions: np.ndarray  # [3, B, L] int32
+    next_position: np.ndarray  # [B] int32: rope position of the first token after the prompt
+    pixel_values: np.ndarray | None  # [P, patch_dim], P bucketed (zero rows pad)
+    vision: VisionMeta | None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Prefix:
+    """A filled KV cache with what decoding it needs; R rows (B*N after a shared prefill)."""
+
+    cache: dict  # {"k", "v"} [layers, R, S, K, H]
+    key_valid: jax.Array  # [R, S] bool: slots holding real tokens
+    next_position: jax.Array  # [R] int32: rope position of the next token
+    last_logits: jax.Array  # [R, V] float32: logits predicting the next token
+    next_slot: int = dataclasses.field(metadata=dict(static=True))  # first free cache slot
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SampleOutput:
+    """Generated tokens: row b*N+j is sample j of prompt b."""
+
+    tokens: jax.Array  # [R, T] int32, pad_id after the end
+    logprobs: jax.Array  # [R, T] float32, unscaled-softmax logprob; 0 after the end
+    lengths: jax.Array  # [R] int32, generated tokens including the EOS
+
+    @property
+    def mask(self) -> jax.Array:
+        """Returns [R, T] bool: True at generated (non-padding) tokens."""
+        return jnp.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    """Static decoding settings (hashable: one compiled decode program per distinct value)."""
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    eos_token_ids: tuple[int, ...] = ()
+    pad_id: int = 0
+
+
+# ----------------------------------------------------------------------------- token choice
+def filter_logits(logits: jax.Array, temperature: float, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+    """Returns logits [R, V] / temperature with -inf outside the top-k, then the top-p nucleus."""
+    x = logits.astype(jnp.float32) / temperature
+    if top_k <= 0 and top_p >= 1.0:
+        return x
+    if top_k > 0:
+        ranked = jax.lax.top_k(x, min(top_k, x.shape[-1]))[0]  # [R, k] descending
+    else:
+        ranked = -jnp.sort(-x, axis=-1)  # [R, V] descending
+    if top_p < 1.0:
+        probs = jax.nn.softmax(ranked, axis=-1)
+        # Keep the smallest head whose mass reaches top_p: a token stays if the mass before it < top_p.
+        keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p
+        threshold = jnp.min(jnp.where(keep, ranked, jnp.inf), axis=-1, keepdims=True)
+    else:
+        threshold = ranked[:, -1:]
+    return jnp.where(x < threshold, -jnp.inf, x)
+
+
+def choose_tokens(logits: jax.Array, keys: jax.Array, sampler: Sampler) -> jax.Array:
+    """Returns tokens [R]: argmax at temperature 0, else a draw per row (keys [R]) from the filtered softmax."""
+    if sampler.temperature == 0.0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    filtered = filter_logits(logits, sampler.temperature, sampler.top_k, sampler.top_p)
+    return jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """Returns log_softmax(logits [..., V]) at tokens [...] (float32, temperature 1)."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+
+
+# ----------------------------------------------------------------------------- host preparation
+def prepare_prompt(cfg: ModelConfig, input_ids, attention_mask=None, pixel_values=None, image_grid_thw=None, *, reserve: int) -> Prompt:
+    """Returns the bucketed Prompt of a left-padded batch; raises ValueError on bad or too long input."""
+    ids = np.asarray(input_ids)
+    if ids.ndim != 2:
+        raise ValueError(f"input_ids must be [B, L], got shape {ids.shape}")
+    mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask)
+    if mask.shape != ids.shape:
+        raise ValueError(f"attention_mask shape {mask.shape} != input_ids shape {ids.shape}")
+    if (np.diff(mask.astype(np.int8), axis=1) < 0).any() or not mask[:, -1].all():
+        raise ValueError("prompts must be left-padded: attention_mask must be 0...0 1...1 on every row")
+    if (pixel_values is None) != (image_grid_thw is None):
+        raise ValueError("pixel_values and image_grid_thw must be given together")
+    longest = int(mask.sum(1).max())
+    limit = cfg.text.max_position_embeddings
+    if longest + reserve > limit:
+        raise ValueError(
+            f"prompt of {longest} tokens + {reserve} new tokens exceeds max_position_embeddings={limit}"
+        )
+    width = max(longest, min(bucket(longest), limit - reserve))
+    ids, mask = ids[:, -longest:], mask[:, -longest:]
+    ids = np.pad(ids, ((0, 0), (width - longest, 0))).astype(np.int32)
+    mask = np.pad(mask, ((0, 0), (width - longest, 0))).astype(np.int32)
+    pad_patches = None
+    if pixel_values is not None:
+        pixel_values = np.asarray(pixel_values, jnp.dtype(cfg.dtype))
+        pad_patches = bucket(pixel_values.shape[0], minimum=64)
+        pixel_values = np.pad(pixel_values, ((0, pad_patches - pixel_values.shape[0]), (0, 0)))
+    inputs = model.prepare_inputs(cfg, ids, mask, image_grid_thw, pad_patches_to=pad_patches)
+    next_position = (mask.sum(1) + inputs.rope_deltas).astype(np.int32)
+    return Prompt(ids, mask, inputs.positions.astype(np.int32), next_position, pixel_values, inputs.vision)
+
+
+# ----------------------------------------------------------------------------- jittable cores
+def prefill_core(cfg: ModelConfig, params, prompt: Prompt, *, reserve: int, num_samples: int) -> Prefix:
+    """Returns the Prefix of B prompts, encoded once and repeated to B*num_samples rows (row b*N+j)."""
+    batch, length = prompt.input_ids.shape
+    t = cfg.text
+    shape = (t.num_hidden_layers, batch, length + reserve, t.num_key_value_heads, t.head_dim)
+    cache = {"k": jnp.zeros(shape, cfg.dtype), "v": jnp.zeros(shape, cfg.dtype)}
+    key_valid = jnp.pad(prompt.attention_mask.astype(bool), ((0, 0), (0, reserve)))
+    _, aux = model.apply(
+        cfg, params, prompt.input_ids, prompt.attention_mask, prompt.positions, prompt.pixel_values,
+        prompt.vision, cache=cache, key_valid=key_valid, write_index=0, return_hidden=True,
+    )
+    last_logits = model.lm_logits(cfg, params, aux["hidden"][:, -1:])[:, 0]  # [B, V]
+    repeat = functools.partial(jnp.repeat, repeats=num_samples, total_repeat_length=batch * num_samples)
+    return Prefix(
+        cache=jax.tree.map(lambda c: repeat(c, axis=1), aux["cache"]),
+        key_valid=repeat(key_valid, axis=0),
+        next_position=repeat(prompt.next_position, axis=0),
+        last_logits=repeat(last_logits, axis=0),
+        next_slot=length,
+    )
+
+
+def extend_core(cfg: ModelConfig, params, prefix: Prefix, tokens: jax.Array, mask: jax.Array, *, with_logprobs: bool):
+    """Returns (Prefix after the right-padded continuations tokens/mask [R, C], their logprobs [R, C] or None)."""
+    rows, width = tokens.shape
+    slot = prefix.next_slot
+    mask = mask.astype(jnp.int32)
+    offsets = jnp.cumsum(mask, axis=1) - 1  # [R, C]
+    positions = jnp.broadcast_to(prefix.next_position[:, None] + jnp.maximum(offsets, 0), (3, rows, width))
+    key_valid = jax.lax.dynamic_update_slice_in_dim(prefix.key_valid, mask.astype(bool), slot, axis=1)
+    _, aux = model.apply(
+        cfg, params, tokens, mask, positions, cache=prefix.cache, key_valid=key_valid, write_index=slot,
+        return_hidden=True,
+    )
+    lengths = mask.sum(1)  # [R]
+    last_hidden = jnp.take_along_axis(aux["hidden"], jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)
+    last_logits = jnp.where(lengths[:, None] > 0, model.lm_logits(cfg, params, last_hidden)[:, 0], prefix.last_logits)
+    logprobs = None
+    if with_logprobs:
+        # Token i is predicted by the logits after token i-1; token 0 by the prefix's last logits.
+        logits = model.lm_logits(cfg, params, aux["hidden"][:, :-1])  # [R, C-1, V]
+        logits = jnp.concatenate([prefix.last_logits[:, None], logits], axis=1)
+        logprobs = jnp.where(mask > 0, token_logprobs(logits, tokens), 0.0)
+    new_prefix = Prefix(aux["cache"], key_valid, prefix.next_position + lengths, last_logits, slot + width)
+    return new_prefix, logprobs
+
+
+def decode_core(cfg: ModelConfig, params, prefix: Prefix, rng: jax.Array, *, sampler: Sampler) -> tuple[SampleOutput, dict]:
+    """Returns (up to sampler.max_new_tokens tokens per row decoded from prefix in one lax.while_loop,
+    the final cache, which holds every generated token but the last)."""
+    rows = prefix.last_logits.shape[0]
+    steps = sampler.max_new_tokens
+    row_keys = jax.random.split(rng, rows)
+    eos = jnp.asarray(sampler.eos_token_ids or (-1,), jnp.int32)
+    # Every reserved slot is valid from here on: the causal mask hides the ones not yet written.
+    key_valid = prefix.key_valid.at[:, prefix.next_slot:].set(True)
+
+    def record(state, logits):
+        t, done = state["t"], state["done"]
+        keys = jax.vmap(jax.random.fold_in, (0, None))(row_keys, t)
+        token = jnp.where(done, sampler.pad_id, choose_tokens(logits, keys, sampler))  # [R]
+        logprob = jnp.where(done, 0.0, token_logprobs(logits, token))
+        return dict(
+            state,
+            t=t + 1,
+            tokens=state["tokens"].at[:, t].set(token),
+            logprobs=state["logprobs"].at[:, t].set(logprob),
+            lengths=state["lengths"] + (~done).astype(jnp.int32),
+            done=done | (token[:, None] == eos[None]).any(-1),
+        )
+
+    def body(state):
+        t = state["t"]
+        token = jax.lax.dynamic_index_in_dim(state["tokens"], t - 1, axis=1)  # [R, 1]
+        positions = jnp.broadcast_to(prefix.next_position[:, None] + t - 1, (3, rows, 1))
+        logits, aux = model.apply(
+            cfg, params, token, jnp.ones_like(token), positions, cache=state["cache"], key_valid=key_valid,
+            write_index=prefix.next_slot + t - 1,
+        )
+        return record(dict(state, cache=aux["cache"]), logits[:, 0])
+
+    def cond(state):
+        return (state["t"] < steps) & ~state["done"].all()
+
+    state = dict(
+        t=jnp.int32(0),
+        tokens=jnp.full((rows, steps), sampler.pad_id, jnp.int32),
+        logprobs=jnp.zeros((rows, steps), jnp.float32),
+        lengths=jnp.zeros((rows,), jnp.int32),
+        done=jnp.zeros((rows,), bool),
+        cache=prefix.cache,
+    )
+    state = jax.lax.while_loop(cond, body, record(state, prefix.last_logits))
+    return SampleOutput(state["tokens"], state["logprobs"], state["lengths"]), state["cache"]
+
+
+def completion_logprobs(cfg: ModelConfig, params, prompt: Prompt, completion, completion_mask, *, num_samples: int = 1):
+    """Returns logprobs [B*N, T] float32 of right-padded completions [B*N, T] after prompts [B] (0 at padding).
+
+    Pure and differentiable (use it inside a jitted loss): each prompt is encoded once for its
+    N completions, then the completions are appended in one pass.
+    """
+    prefix = prefill_core(cfg, params, prompt, reserve=completion.shape[1], num_samples=num_samples)
+    return extend_core(cfg, params, prefix, completion, completion_mask, with_logprobs=True)[1]
+
+
+_prefill_jit = jax.jit(prefill_core, static_argnames=("cfg", "reserve", "num_samples"))
+_extend_jit = jax.jit(extend_core, static_argnames=("cfg", "with_logprobs"), donate_argnames=("prefix",))
+def _decode_in_place(cfg, cache, params, prefix, rng, sampler):
+    # The cache goes in as its own argument so that donating it lets the loop write it in place.
+    return decode_core(cfg, params, dataclasses.replace(prefix, cache=cache), rng, sampler=sampler)
+
+
+_decode_jit = jax.jit(_decode_in_place, static_argnames=("cfg", "sampler"), donate_argnames=("cache",))
+_score_jit = jax.jit(completion_logprobs, static_argnames=("cfg", "num_samples"))
+
+
+def program_counts() -> dict[str, int]:
+    """Returns how many programs prefill / extend / decode / score hold compiled in this process."""
+    jitted = {"prefill": _prefill_jit, "extend": _extend_jit, "decode": _decode_jit, "score": _score_jit}
+    return {name: fn._cache_size() for name, fn in jitted.items()}
+
+
+# ----------------------------------------------------------------------------- public API
+def _sampler(max_new_tokens, temperature, top_k, top_p, eos_token_ids, pad_id, rng) -> tuple[Sampler, jax.Array]:
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+        raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}")
+    if temperature > 0 and rng is None:
+        raise ValueError("sampling (temperature > 0) needs an rng")
+    rng = jax.random.key(0) if rng is None else jax.random.key(rng) if isinstance(rng, int) else rng
+    eos = () if eos_token_ids is None else tuple(int(i) for i in np.atleast_1d(eos_token_ids))
+    return Sampler(max_new_tokens, float(temperature), int(top_k), float(top_p), eos, int(pad_id)), rng
+
+
+def _check_room(prefix: Prefix, needed: int) -> None:
+    size = prefix.key_valid.shape[1]
+    if prefix.next_slot + needed > size:
+        raise ValueError(f"the cache has {size - prefix.next_slot} free slots, {needed} are needed")
+
+
+def prefill(cfg: ModelConfig, params, input_ids, attention_mask=None, pixel_values=None, image_grid_thw=None, *, reserve: int, num_samples: int = 1) -> Prefix:
+    """Returns the Prefix [B*N rows] of B left-padded prompts, each encoded once, with `reserve` free slots."""
+    prompt = prepare_prompt(cfg, input_ids, attention_mask, pixel_values, image_grid_thw, reserve=reserve)
+    return _prefill_jit(cfg, params, prompt, reserve=reserve, num_samples=num_samples)
+
+
+def extend(cfg: ModelConfig, params, prefix: Prefix, tokens, mask) -> Prefix:
+    """Returns prefix (consumed) extended by right-padded text continuations tokens/mask [R, C]."""
+    _check_room(prefix, np.shape(tokens)[1])
+    tokens, mask = jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, jnp.int32)
+    return _extend_jit(cfg, params, prefix, tokens, mask, with_logprobs=False)[0]
+
+
+def decode(cfg: ModelConfig, params, prefix: Prefix, *, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+           top_k: int = 0, eos_token_ids=None, rng=None, pad_id: int = 0) -> SampleOutput:
+    """Returns up to max_new_tokens tokens per row of prefix (consumed; donated to the decode loop)."""
+    sampler, rng = _sampler(max_new_tokens, temperature, top_k, top_p, eos_token_ids, pad_id, rng)
+    _check_room(prefix, max_new_tokens)
+    out, _ = _decode_jit(cfg, prefix.cache, params, dataclasses.replace(prefix, cache=None), rng, sampler=sampler)
+    return out
+
+
+def generate(cfg: ModelConfig, params, input_ids, attention_mask, pixel_values=None, image_grid_thw=None, *,
+             max_new_tokens: int, num_samples: int = 1, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+             eos_token_ids=None, rng=None, pad_id: int = 0) -> SampleOutput:
+    """Returns num_samples continuations of each prompt: tokens / logprobs [B*N, T], lengths [B*N] (DESIGN contract)."""
+    prefix = prefill(cfg, params, input_ids, attention_mask, pixel_values, image_grid_thw,
+                     reserve=max_new_tokens, num_samples=num_samples)
+    return decode(cfg, params, prefix, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                  top_k=top_k, eos_token_ids=eos_token_ids, rng=rng, pad_id=pad_id)
+
+
+def generate_with_shared_prefix(cfg: ModelConfig, params, input_ids, attention_mask, pixel_values=None, image_grid_thw=None,
+                                *, continuations, continuation_mask, max_new_tokens: int, num_samples: int,
+                                **sampling) -> SampleOutput:
+    """Returns generations [B*N, T] after prefix b followed by continuation b*N+j ([B*N, C], right-padded).
+
+    The Judge's case: the prefix (image, rubric) is encoded once per group, each of the N
+    captions is appended to its own copy of the cache, then all rows decode together.
+    """
+    continuations = np.asarray(continuations)
+    width = bucket(continuations.shape[1], minimum=8)
+    pad = ((0, 0), (0, width - continuations.shape[1]))
+    prefix = prefill(cfg, params, input_ids, attention_mask, pixel_values, image_grid_thw,
+                     reserve=width + max_new_tokens, num_samples=num_samples)
+    prefix = extend(cfg, params, prefix, np.pad(continuations, pad), np.pad(np.asarray(continuation_mask), pad))
+    return decode(cfg, params, prefix, max_new_tokens=max_new_tokens, **sampling)
+
+
+def sequence_logprobs(cfg: ModelConfig, params, input_ids, attention_mask, pixel_values=None, image_grid_thw=None, *,
+                      completion, completion_mask, num_samples: int = 1) -> jax.Array:
+    """Returns logprobs [B*N, T] float32 of completions [B*N, T] (right-padded) after B prompts; 0 at padding."""
+    completion = np.asarray(completion)
+    width = bucket(completion.shape[1], minimum=8)
+    pad = ((0, 0), (0, width - completion.shape[1]))
+    prompt = prepare_prompt(cfg, input_ids, attention_mask, pixel_values, image_grid_thw, reserve=width)
+    logprobs = _score_jit(cfg, params, prompt, jnp.asarray(np.pad(completion, pad), jnp.int32),
+                          jnp.asarray(np.pad(np.asarray(completion_mask), pad), jnp.int32), num_samples=num_samples)
+    return logprobs[:, : completion.shape[1]]

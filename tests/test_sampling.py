@@ -1,0 +1,225 @@
+"""Sampler: greedy parity with transformers' generate, logprobs against a full forward, shared
+prefill / shared prefix, sampling statistics, bucketing and errors (tiny random model, CPU)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from hf_reference import image_prompt, left_pad, random_hf_model
+from mocojax import hf, model, sampling
+
+TOL = 1e-4
+CFG = model.tiny(num_heads=4, num_kv_heads=2)
+SPECIAL = (CFG.image_token_id, CFG.video_token_id, CFG.vision_start_token_id, CFG.vision_end_token_id)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(HF model, our params loaded from its save_pretrained directory)."""
+    ref = random_hf_model(CFG, seed=7)
+    path = tmp_path_factory.mktemp("hf")
+    ref.save_pretrained(path)
+    cfg, params = hf.load_pretrained(path, dtype=jnp.float32)
+    assert cfg == CFG
+    return ref, params
+
+
+def _log_softmax(x):
+    x = np.asarray(x, np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _prompts(case: str):
+    """Returns (ids [B, L], mask [B, L], pixels or None, grid or None) of a named test prompt."""
+    rng = np.random.default_rng(11)
+    if case == "text":
+        ids = rng.integers(0, 240, (1, 9))
+        return ids, np.ones_like(ids), None, None
+    if case in ("one_image", "two_images"):
+        grids = [(1, 4, 6)] if case == "one_image" else [(1, 4, 6), (1, 8, 2)]
+        ids, pixels, grid = image_prompt(CFG, grids, rng)
+        return ids[None], np.ones((1, len(ids)), np.int64), pixels, grid
+    img_ids, pixels, grid = image_prompt(CFG, [(1, 4, 4)], rng, text_len=2)
+    ids, mask = left_pad([rng.integers(0, 240, 7), img_ids])
+    return ids, mask, pixels, grid
+
+
+@pytest.mark.parametrize("case", ["text", "one_image", "two_images", "left_padded_batch"])
+def test_greedy_matches_transformers_generate(pair, case):
+    ref, params = pair
+    ids, mask, pixels, grid = _prompts(case)
+    inputs = dict(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask))
+    if pixels is not None:
+        inputs.update(pixel_values=torch.as_tensor(pixels), image_grid_thw=torch.as_tensor(grid),
+                      mm_token_type_ids=torch.as_tensor((ids == CFG.image_token_id).astype(np.int64)))
+    with torch.no_grad():
+        expected = ref.generate(**inputs, do_sample=False, max_new_tokens=32, min_new_tokens=32, eos_token_id=None,
+                                pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    expected_tokens = expected.sequences[:, ids.shape[1]:].numpy()
+    expected_logp = _log_softmax(torch.stack(expected.logits, 1).numpy())
+    expected_logp = np.take_along_axis(expected_logp, expected_tokens[..., None], -1)[..., 0]
+
+    out = sampling.generate(CFG, params, ids, mask, pixels, grid, max_new_tokens=32)
+    np.testing.assert_array_equal(np.asarray(out.tokens), expected_tokens)
+    np.testing.assert_allclose(np.asarray(out.logprobs), expected_logp, atol=TOL, rtol=0)
+    np.testing.assert_array_equal(np.asarray(out.lengths), 32)
+
+
+def test_sampled_logprobs_equal_full_forward_and_scorer(pair):
+    """Sampled rows (several EOS ids, some rows end early) against log_softmax(forward(prompt + tokens))."""
+    _, params = pair
+    ids, mask, pixels, grid = _prompts("left_padded_batch")
+    n, steps = 3, 24
+    eos = SPECIAL + tuple(range(8))
+    out = sampling.generate(CFG, params, ids, mask, pixels, grid, max_new_tokens=steps, num_samples=n,
+                            temperature=1.0, eos_token_ids=eos, rng=jax.random.key(3))
+    tokens, logprobs, lengths = (np.asarray(x) for x in (out.tokens, out.logprobs, out.lengths))
+    done = np.asarray(out.mask)
+    assert 0 < lengths.min() < steps == lengths.max()  # some rows stopped early, some ran to the end
+    for r, length in enumerate(lengths):
+        assert length == steps or tokens[r, length - 1] in eos
+        assert not np.isin(tokens[r, : length - 1], eos).any()
+    assert (tokens[~done] == 0).all() and (logprobs[~done] == 0).all()
+
+    # A special id can only be a row's last token (an EOS): it predicts nothing, so it can be replaced.
+    full_ids = np.concatenate([np.repeat(ids, n, 0), np.where(np.isin(tokens, SPECIAL), 0, tokens)], 1)
+    full_mask = np.concatenate([np.repeat(mask, n, 0), done], 1)
+    logits = model.forward(CFG, params, full_ids, full_mask, np.tile(pixels, (n, 1)), np.tile(grid, (n, 1)))
+    logp = _log_softmax(np.asarray(logits)[:, ids.shape[1] - 1 : -1])
+    expected = np.where(done, np.take_along_axis(logp, tokens[..., None], -1)[..., 0], 0.0)
+    np.testing.assert_allclose(logprobs, expected, atol=TOL, rtol=0)
+
+    scored = sampling.sequence_logprobs(CFG, params, ids, mask, pixels, grid, completion=tokens,
+                                        completion_mask=done, num_samples=n)
+    np.testing.assert_allclose(np.asarray(scored), expected, atol=TOL, rtol=0)
+
+
+def test_shared_prefill_encodes_each_prompt_once(pair, monkeypatch):
+    """N samples of B prompts prefill B rows once and equal N-fold repeated prompts, same rng."""
+    _, params = pair
+    ids, mask, pixels, grid = _prompts("left_padded_batch")
+    n = 4
+    encoded_rows = []
+    prefill_jit = sampling._prefill_jit
+
+    def spy(cfg, params, prompt, **kw):
+        encoded_rows.append(prompt.input_ids.shape[0])
+        return prefill_jit(cfg, params, prompt, **kw)
+
+    monkeypatch.setattr(sampling, "_prefill_jit", spy)
+    kw = dict(max_new_tokens=16, temperature=1.0, top_k=50, rng=jax.random.key(5))
+    shared = sampling.generate(CFG, params, ids, mask, pixels, grid, num_samples=n, **kw)
+    assert encoded_rows == [2]
+    repeated = sampling.generate(CFG, params, np.repeat(ids, n, 0), np.repeat(mask, n, 0), np.tile(pixels, (n, 1)),
+                                 np.tile(grid, (n, 1)), num_samples=1, **kw)
+    assert encoded_rows == [2, 2 * n]
+    np.testing.assert_array_equal(np.asarray(shared.tokens), np.asarray(repeated.tokens))
+    np.testing.assert_allclose(np.asarray(shared.logprobs), np.asarray(repeated.logprobs), atol=1e-5)
+    assert len({tuple(row) for row in np.asarray(shared.tokens)}) == 2 * n  # the samples differ
+
+
+def test_shared_prefix_continuations_match_full_prompts(pair):
+    """Prefix (image + rubric) once per group + N captions == generating from each full prompt."""
+    _, params = pair
+    rng = np.random.default_rng(13)
+    prefix_ids, pixels, grid = image_prompt(CFG, [(1, 4, 4)], rng, text_len=3)
+    prefixes = [prefix_ids, rng.integers(0, 240, 6)]
+    ids, mask = left_pad(prefixes)
+    n, lengths = 2, [3, 5, 1, 4]
+    continuations = [rng.integers(0, 240, k) for k in lengths]
+    cont_ids = np.zeros((len(lengths), max(lengths)), np.int64)
+    cont_mask = np.zeros_like(cont_ids)
+    for r, c in enumerate(continuations):
+        cont_ids[r, : len(c)], cont_mask[r, : len(c)] = c, 1
+    out = sampling.generate_with_shared_prefix(CFG, params, ids, mask, pixels, grid, continuations=cont_ids,
+                                               continuation_mask=cont_mask, max_new_tokens=16, num_samples=n)
+    full_ids, full_mask = left_pad([np.concatenate([prefixes[r // n], c]) for r, c in enumerate(continuations)])
+    expected = sampling.generate(CFG, params, full_ids, full_mask, np.tile(pixels, (n, 1)), np.tile(grid, (n, 1)),
+                                 max_new_tokens=16)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(expected.tokens))
+    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(expected.logprobs), atol=TOL)
+
+
+def _reference_distribution(logits, temperature, top_k, top_p):
+    """Returns the probabilities [V] that temperature, top-k, then top-p leave (float64, by loops)."""
+    p = np.exp(np.asarray(logits, np.float64) / temperature)
+    p /= p.sum()
+    order = np.argsort(-p)
+    kept = order[:top_k] if top_k else order
+    if top_p < 1.0:
+        q, mass, nucleus = p[kept] / p[kept].sum(), 0.0, []
+        for token, prob in zip(kept, q):
+            if mass >= top_p:
+                break
+            nucleus.append(token)
+            mass += prob
+        kept = np.array(nucleus)
+    out = np.zeros_like(p)
+    out[kept] = p[kept] / p[kept].sum()
+    return out
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 0, 1.0), (1.0, 3, 1.0),
+                                                     (1.0, 0, 0.6), (1.5, 5, 0.7)])
+def test_sampling_statistics(temperature, top_k, top_p):
+    """Empirical frequencies of 40k draws match the filtered softmax within 5 standard errors."""
+    logits = np.log(np.array([0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02], np.float32))
+    draws = 40_000
+    sampler = sampling.Sampler(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
+    keys = jax.random.split(jax.random.key(0), draws)
+    tokens = np.asarray(jax.jit(sampling.choose_tokens, static_argnums=2)(
+        jnp.broadcast_to(logits, (draws, logits.size)), keys, sampler))
+    expected = _reference_distribution(logits, temperature, top_k, top_p)
+    freq = np.bincount(tokens, minlength=logits.size) / draws
+    assert (freq[expected == 0] == 0).all()
+    sigma = np.sqrt(expected * (1 - expected) / draws)
+    assert (np.abs(freq - expected) <= 5 * sigma + 1e-12).all(), (freq, expected)
+
+
+def test_deterministic_for_an_rng_and_all_eos_stops_at_once(pair):
+    _, params = pair
+    ids, mask, _, _ = _prompts("text")
+    kw = dict(max_new_tokens=16, num_samples=3, temperature=1.0, top_p=0.9)
+    a = sampling.generate(CFG, params, ids, mask, rng=jax.random.key(1), **kw)
+    b = sampling.generate(CFG, params, ids, mask, rng=jax.random.key(1), **kw)
+    c = sampling.generate(CFG, params, ids, mask, rng=jax.random.key(2), **kw)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_array_equal(np.asarray(a.logprobs), np.asarray(b.logprobs))
+    assert (np.asarray(a.tokens) != np.asarray(c.tokens)).any()
+    every = sampling.generate(CFG, params, ids, mask, eos_token_ids=range(CFG.text.vocab_size), pad_id=-1,
+                              rng=jax.random.key(1), **kw)
+    np.testing.assert_array_equal(np.asarray(every.lengths), 1)
+    assert (np.asarray(every.tokens)[:, 1:] == -1).all() and (np.asarray(every.logprobs)[:, 1:] == 0).all()
+
+
+def test_prompt_buckets_bound_the_compiled_programs(pair):
+    """Prompts of 9..16 tokens share one bucket: after the first call nothing recompiles."""
+    _, params = pair
+    rng = np.random.default_rng(17)
+    sampling.generate(CFG, params, rng.integers(0, 240, (2, 9)), None, max_new_tokens=8)
+    before = sampling.program_counts()
+    for width in (10, 13, 16):
+        ids, mask = left_pad([rng.integers(0, 240, width), rng.integers(0, 240, width - 3)])
+        sampling.generate(CFG, params, ids, mask, max_new_tokens=8)
+    assert sampling.program_counts() == before
+    assert sampling.bucket(9) == 16 and sampling.bucket(1500) == 2048 and sampling.bucket(70, minimum=64) == 128
+
+
+def test_clear_errors(pair):
+    _, params = pair
+    ids = np.ones((1, 9), np.int64)
+    limit = CFG.text.max_position_embeddings
+    with pytest.raises(ValueError, match="exceeds max_position_embeddings"):
+        sampling.generate(CFG, params, ids, None, max_new_tokens=limit - 8)
+    with pytest.raises(ValueError, match="left-padded"):
+        sampling.generate(CFG, params, ids, np.array([[1] * 8 + [0]]), max_new_tokens=4)
+    with pytest.raises(ValueError, match="needs an rng"):
+        sampling.generate(CFG, params, ids, None, max_new_tokens=4, temperature=1.0)
+    prefix = sampling.prefill(CFG, params, ids, None, reserve=4)
+    with pytest.raises(ValueError, match="free slots"):
+        sampling.decode(CFG, params, prefix, max_new_tokens=5)
