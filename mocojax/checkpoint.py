@@ -1,0 +1,94 @@
+"""Orbax checkpoints of a train state, exact resume, and HF export of any checkpoint.
+
+Layout: <workdir>/checkpoints/<stage>/<step>/ with three items:
+  params  the parameter tree (restorable alone, for eval and export)
+  state   everything else in the train state (opt_state, step, rng as raw key data, momentum...)
+  extra   JSON: the grain iterator state, the skipped-update count, anything host-side
+"""
+
+import logging
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+from mocojax import hf, model
+
+
+def stage_dir(workdir, stage):
+    """Returns the directory holding a stage's checkpoints."""
+    return os.path.join(os.path.abspath(workdir), "checkpoints", stage)
+
+
+def _to_storable(state):
+    rest = {k: v for k, v in state.items() if k != "params"}
+    rest["rng"] = jax.random.key_data(rest["rng"])  # orbax stores plain arrays, not typed keys
+    return state["params"], rest
+
+
+class Manager:
+    """Saves the checkpoints the trainer asks for, keeps the last `keep`, restores the latest."""
+
+    def __init__(self, workdir, stage, *, keep):
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+        self._manager = ocp.CheckpointManager(stage_dir(workdir, stage), options=options,
+                                              item_names=("params", "state", "extra"))
+
+    def save(self, step, state, extra):
+        """Writes checkpoint `step` asynchronously (state arrays are copied before the call returns)."""
+        params, rest = _to_storable(state)
+        self._manager.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params), state=ocp.args.StandardSave(rest),
+            extra=ocp.args.JsonSave(extra)))
+
+    def restore_latest(self, abstract_state):
+        """Returns (state, extra) of the latest checkpoint, or None when there is none.
+
+        abstract_state is the state's pytree of jax.ShapeDtypeStruct (jax.eval_shape of init).
+        """
+        step = self._manager.latest_step()
+        if step is None:
+            return None
+        params, rest = _to_storable(jax.tree.map(lambda x: x, abstract_state))
+        rest["rng"] = jax.eval_shape(jax.random.key_data, abstract_state["rng"])
+        restored = self._manager.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(params), state=ocp.args.StandardRestore(rest),
+            extra=ocp.args.JsonRestore()))
+        state = dict(restored["state"], params=restored["params"])
+        state["rng"] = jax.random.wrap_key_data(state["rng"])
+        return state, restored["extra"]
+
+    def close(self):
+        """Waits for pending writes and releases the manager."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def latest_step(workdir, stage):
+    """Returns the latest finished checkpoint step of a stage, or None."""
+    path = stage_dir(workdir, stage)
+    if not os.path.isdir(path):
+        return None
+    with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(read_only=True)) as manager:
+        return manager.latest_step()
+
+
+def restore_params(workdir, stage, cfg, step=None):
+    """Returns (params, step) of a stage's checkpoint (the latest when step is None)."""
+    path = stage_dir(workdir, stage)
+    with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(read_only=True),
+                               item_names=("params", "state", "extra")) as manager:
+        step = manager.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no {stage} checkpoint under {path}")
+        restored = manager.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(model.abstract_params(cfg))))
+    return restored["params"], step
+
+
+def export_hf(workdir, stage, cfg, out_dir, tokenizer_path, step=None):
+    """Writes checkpoint `step` (latest when None) of `stage` as an HF directory; returns the step."""
+    params, step = restore_params(workdir, stage, cfg, step)
+    hf.save_pretrained(out_dir, cfg, params, tokenizer_path=tokenizer_path)
+    logging.info("exported %s step %d to %s", stage, step, out_dir)
+    return step

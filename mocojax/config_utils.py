@@ -1,0 +1,156 @@
+"""Up-front validation of experiment configs, and the objects a config describes (model, processor, data).
+
+`validate(config, stages)` runs before anything is compiled or loaded and raises ValueError
+naming the offending key (`config.optimizer.warmup_ratio=1.5: ...`).
+"""
+
+import dataclasses
+import os
+from typing import Callable
+
+import jax
+
+from mocojax import hf, model, processing
+from mocojax.data import records as records_lib
+from mocojax.data import toyroles
+
+DATA_SOURCES = ("toyworld", "jsonl")
+DTYPES = ("float32", "bfloat16")
+
+
+def _fail(key, value, reason):
+    raise ValueError(f"config.{key}={value!r}: {reason}")
+
+
+def _get(config, key):
+    node = config
+    for part in key.split("."):
+        if part not in node:
+            raise ValueError(f"config.{key} is missing")
+        node = node[part]
+    return node
+
+
+def _check(config, key, ok, reason):
+    value = _get(config, key)
+    try:
+        good = ok(value)
+    except TypeError:
+        good = False
+    if not good:
+        _fail(key, value, reason)
+
+
+def _positive_int(v):
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def validate(config, stages):
+    """Raises ValueError naming the first bad key; `stages` are the names the runner knows."""
+    _check(config, "stages", lambda v: len(v) > 0 and all(isinstance(s, str) for s in v),
+           "must list at least one stage")
+    for stage in config.stages:
+        if stage not in stages:
+            _fail("stages", tuple(config.stages), f"unknown stage {stage!r}; known: {sorted(stages)}")
+    _check(config, "seed", lambda v: isinstance(v, int), "must be an int")
+    for key in ("model.dtype", "model.param_dtype"):
+        _check(config, key, lambda v: v in DTYPES, f"must be one of {DTYPES}")
+    if config.model.init_from:
+        _check(config, "model.init_from", lambda v: os.path.isfile(os.path.join(v, "config.json")),
+               "must be an HF Qwen3-VL directory with config.json")
+    else:
+        try:
+            model.tiny(**config.model.tiny)
+        except (TypeError, ValueError) as e:
+            _fail("model.tiny", dict(config.model.tiny), str(e))
+    _check(config, "data.source", lambda v: v in DATA_SOURCES, f"must be one of {DATA_SOURCES}")
+    if config.data.source == "jsonl":
+        _check(config, "data.train_path", os.path.isfile, "must be an existing JSONL file")
+        _check(config, "data.eval_path", lambda v: not v or os.path.isfile(v), "must be empty or a JSONL file")
+    else:
+        for key in ("data.num_train_scenes", "data.num_eval_scenes"):
+            _check(config, key, _positive_int, "must be a positive int")
+        _check(config, "data.mix", lambda v: len(v) == 3 and all(isinstance(n, int) and n >= 0 for n in v) and sum(v) > 0,
+               "must be (policy, generator, judge) record counts per scene")
+    _check(config, "data.image_size", _positive_int, "must be a positive int")
+    _check(config, "data.length_buckets", lambda v: len(v) > 0 and all(_positive_int(b) for b in v)
+           and list(v) == sorted(set(v)), "must be increasing positive ints")
+    _check(config, "data.max_patches", lambda v: v is None or _positive_int(v), "must be None or a positive int")
+    opt = "optimizer."
+    _check(config, opt + "lr", lambda v: v > 0, "must be > 0")
+    _check(config, opt + "warmup_ratio", lambda v: 0 <= v < 1, "must be in [0, 1)")
+    _check(config, opt + "end_lr_ratio", lambda v: 0 <= v <= 1, "must be in [0, 1]")
+    for key in ("b1", "b2"):
+        _check(config, opt + key, lambda v: 0 <= v < 1, "must be in [0, 1)")
+    _check(config, opt + "eps", lambda v: v > 0, "must be > 0")
+    _check(config, opt + "weight_decay", lambda v: v >= 0, "must be >= 0")
+    _check(config, opt + "grad_clip_norm", lambda v: v > 0, "must be > 0")
+    for key in ("num_steps", "global_batch_size", "grad_accum_steps", "eval_every", "checkpoint_every",
+                "keep_checkpoints"):
+        _check(config, "sft." + key, _positive_int, "must be a positive int")
+    split = config.sft.grad_accum_steps * jax.process_count()
+    _check(config, "sft.global_batch_size", lambda v: v % split == 0,
+           f"must be a multiple of grad_accum_steps x processes = {split}")
+    for key in ("num_scenes", "batch_size", "max_new_tokens"):
+        _check(config, "eval." + key, _positive_int, "must be a positive int")
+    _check(config, "eval.stage", lambda v: v in ("sft", "rl"), "must be 'sft' or 'rl'")
+    _check(config, "export.stage", lambda v: v in ("sft", "rl"), "must be 'sft' or 'rl'")
+    _check(config, "export.step", lambda v: isinstance(v, int) and v >= -1, "must be -1 (latest) or a step")
+
+
+@dataclasses.dataclass
+class Setup:
+    """What a config describes, built without compiling anything."""
+
+    model_config: model.ModelConfig
+    processor: processing.Processor
+    tokenizer_path: str
+    load_params: Callable[[], dict]  # initial parameters: HF weights or a fresh tiny init
+
+
+def _round_up(n, multiple):
+    return -(-n // multiple) * multiple
+
+
+def build_setup(config, workdir):
+    """Returns the Setup: the toy world builds its tokenizer into <workdir>/tokenizer."""
+    data = config.data
+    if config.model.init_from:
+        tokenizer_path = data.tokenizer or config.model.init_from
+    else:
+        tokenizer_path = data.tokenizer or toyroles.build_tokenizer(os.path.join(workdir, "tokenizer"))
+    tokenizer = processing.load_tokenizer(tokenizer_path)
+    processor = processing.Processor(tokenizer, min_pixels=data.min_pixels, max_pixels=data.max_pixels,
+                                     max_length=data.max_length)
+    dtypes = dict(param_dtype=config.model.param_dtype, dtype=config.model.dtype)
+    if config.model.init_from:
+        cfg = model.ModelConfig.from_pretrained(config.model.init_from, **dtypes)
+
+        def load_params():
+            return hf.load_pretrained(config.model.init_from, dtype=cfg.param_dtype,
+                                      compute_dtype=cfg.dtype)[1]
+    else:
+        cfg = model.tiny(
+            vocab_size=_round_up(len(tokenizer), 64), image_token_id=processor.image_token_id,
+            video_token_id=processor.video_token_id, vision_start_token_id=processor.vision_start_token_id,
+            vision_end_token_id=processor.vision_end_token_id, **config.model.tiny, **dtypes)
+
+        def load_params():
+            return model.init_params(cfg, config.seed)
+    return Setup(cfg, processor, tokenizer_path, load_params)
+
+
+def sft_examples(config):
+    """Returns (train examples, held-out examples) of the config's data source."""
+    data = config.data
+    if data.source == "toyworld":
+        train = toyroles.sft_records(data.seed, data.num_train_scenes, tuple(data.mix))
+        held_out = toyroles.sft_records(data.seed, data.num_eval_scenes, tuple(data.mix),
+                                        start=data.num_train_scenes)
+        return train, held_out
+    train, _ = records_lib.load_jsonl(data.train_path, image_root=data.image_root or None)
+    held_out = []
+    if data.eval_path:
+        held_out = records_lib.sft_examples(
+            records_lib.load_jsonl(data.eval_path, image_root=data.image_root or None)[0])
+    return records_lib.sft_examples(train), held_out

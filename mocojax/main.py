@@ -1,0 +1,85 @@
+"""Runs an experiment's stages in order: python -m mocojax.main --config configs/X.py[:arg] --workdir DIR.
+
+Each stage is `run(config, workdir) -> dict` of final metrics, found by name in STAGES; stages
+talk to each other only through the workdir's checkpoints, so any stage can be rerun alone
+(`--config.stages='("export",)'`). The RL stage lives in mocojax.train.rl and is imported
+only when a config lists it.
+"""
+
+import importlib
+import json
+import logging
+import os
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from mocojax import checkpoint, config_utils
+from mocojax.train import sft
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:arg]).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and exports.")
+
+
+def run_rl(config, workdir):
+    """Stage II: Policy RL with momentum transfer (mocojax.train.rl)."""
+    return importlib.import_module("mocojax.train.rl").run_rl(config, workdir)
+
+
+def run_eval(config, workdir):
+    """Scores the latest checkpoint of config.eval.stage on held-out toy-world scenes."""
+    if config.data.source != "toyworld":
+        raise ValueError(f"config.data.source={config.data.source!r}: the eval stage scores the toy world only")
+    from mocojax.eval import toyworld_eval
+    setup = config_utils.build_setup(config, workdir)
+    params, step = checkpoint.restore_params(workdir, config.eval.stage, setup.model_config)
+    result = toyworld_eval.evaluate(setup.model_config, params, setup.processor, seed=config.data.seed,
+                                    start=config.data.num_train_scenes, num_scenes=config.eval.num_scenes,
+                                    batch_size=config.eval.batch_size,
+                                    max_new_tokens=config.eval.max_new_tokens,
+                                    image_size=config.data.image_size)
+    result = {"step": step, **result}
+    with open(os.path.join(workdir, f"eval_{config.eval.stage}_{step}.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(toyworld_eval.format_table(result), flush=True)
+    return result
+
+
+def run_export(config, workdir):
+    """Writes a checkpoint of config.export.stage as an HF directory (with the tokenizer files)."""
+    setup = config_utils.build_setup(config, workdir)
+    out_dir = config.export.out_dir or os.path.join(workdir, "hf")
+    step = None if config.export.step == -1 else config.export.step
+    step = checkpoint.export_hf(workdir, config.export.stage, setup.model_config, out_dir,
+                                setup.tokenizer_path, step)
+    return {"step": step, "out_dir": out_dir}
+
+
+STAGES = {"sft": sft.run_sft, "rl": run_rl, "eval": run_eval, "export": run_export}
+
+
+def run(config, workdir):
+    """Validates the config, then runs its stages in order; returns {stage: final metrics}."""
+    config_utils.validate(config, STAGES)
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(config.to_json_best_effort(indent=1))
+    results = {}
+    for stage in config.stages:
+        logging.info("stage %s", stage)
+        results[stage] = STAGES[stage](config, workdir)
+    return results
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _WORKDIR.value is None:
+        raise app.UsageError("--workdir is required")
+    run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    flags.mark_flag_as_required("config")
+    app.run(main)
