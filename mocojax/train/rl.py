@@ -1,0 +1,392 @@
+"""Stage II: Policy RL with online rubrics and momentum transfer (METHOD.md), end to end.
+
+Per Policy update t (one `run_rl` iteration):
+  rollout   the Policy theta_t samples N captions per image; the Generator and the Judge,
+            played by the momentum params phi_t (per `RoleMomentum`), write one rubric per
+            image and score all N captions (`rollout.collect`, host side);
+  update    GRPO on the Policy only: `grpo_step` is a pure jitted function of the train state
+            {"params", "opt_state", "step", "rng"} and the batch, with gradient accumulation
+            over micro-batches (`lax.scan`). The momentum is not an input of it, so it gets no
+            gradient by construction;
+  sync      after every H updates: phi <- m phi + (1 - m) theta (`momentum.ema_update`,
+            donating phi), i.e. after the group is scored and before the next is evaluated.
+Groups whose rubric did not parse or whose rewards are all equal are masked out of the loss;
+an update where no group has signal is skipped (params and optimiser state kept) and counted.
+"""
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from mocojax import checkpoint, config_utils, losses, model, momentum, sampling
+from mocojax import metrics as metrics_lib
+from mocojax.data import pipeline, toyroles
+from mocojax.data import records as records_lib
+from mocojax.data import toyworld as tw
+from mocojax.model.rope import pad_vision_metadata
+from mocojax.train import rl_config, rollout as rollout_lib
+from mocojax.train import state as state_lib
+
+
+def _pad_prompt(prompt, length, patches):
+    """Returns a sampling.Prompt left-padded to `length` tokens and `patches` image patches."""
+    extra = length - prompt.input_ids.shape[1]
+    left = lambda x, axis: np.pad(x, [(extra, 0) if a == axis else (0, 0) for a in range(x.ndim)])
+    pixel_values = np.pad(prompt.pixel_values,
+                          ((0, patches - prompt.pixel_values.shape[0]), (0, 0)))
+    return dataclasses.replace(
+        prompt, input_ids=left(prompt.input_ids, 1), attention_mask=left(prompt.attention_mask, 1),
+        positions=left(prompt.positions, 2), pixel_values=pixel_values,
+        vision=pad_vision_metadata(prompt.vision, patches))
+
+
+def train_batch(cfg, rollout, rl):
+    """Returns the GRPO batch of a Rollout, stacked on a leading micro-batch axis [A] (numpy).
+
+    Micro-batch a holds G / A whole groups: "prompt" a sampling.Prompt of their images and
+    Policy prompts (each encoded once for its N captions), and for their b = G / A * N
+    captions of T tokens: "completion", "old_logprobs", "mask" [A, b, T] and "advantages"
+    [A, b]. "weight" [A] makes sum_a weight_a * loss_a the loss of the whole batch.
+    """
+    prompt = rollout.prompt
+    num_groups, num_new = len(rollout.ids), rollout.tokens.shape[1]
+    per_micro = num_groups // rl.grad_accum_steps
+    grid = np.asarray(prompt["image_grid_thw"]).reshape(-1, 3)
+    if grid.shape[0] != num_groups:
+        raise ValueError(f"expected one image per Policy prompt, got {grid.shape[0]} for "
+                         f"{num_groups} prompts")
+    patch_start = np.concatenate([[0], np.cumsum(grid.prod(-1))])
+    prompts = []
+    for a in range(rl.grad_accum_steps):
+        g0, g1 = a * per_micro, (a + 1) * per_micro
+        prompts.append(sampling.prepare_prompt(
+            cfg, prompt["input_ids"][g0:g1], prompt["attention_mask"][g0:g1],
+            prompt["pixel_values"][patch_start[g0]:patch_start[g1]], grid[g0:g1],
+            reserve=num_new))
+    length = max(p.input_ids.shape[1] for p in prompts)
+    patches = max(p.pixel_values.shape[0] for p in prompts)
+    prompts = [_pad_prompt(p, length, patches) for p in prompts]
+
+    signal = np.repeat(rollout.has_signal, rl.num_samples)  # [G*N]
+    mask = rollout.completion_mask * signal[:, None]
+    advantages = np.asarray(losses.grpo_advantages(rollout.rewards, rl.adv_eps)).reshape(-1)
+    rows = (rl.grad_accum_steps, -1)
+    batch = {
+        "prompt": jax.tree.map(lambda *xs: np.stack(xs), *prompts),
+        "completion": rollout.tokens.astype(np.int32).reshape(*rows, num_new),
+        "old_logprobs": rollout.logprobs.reshape(*rows, num_new),
+        "mask": mask.reshape(*rows, num_new),
+        "advantages": (advantages * signal).astype(np.float32).reshape(rows),
+    }
+    batch["weight"] = micro_weights(batch["mask"], rl.aggregation)
+    return batch
+
+
+def micro_weights(mask, aggregation):
+    """Returns float32 [A]: micro-batch weights so sum_a w_a loss_a is the full batch's loss.
+
+    mask [A, b, T]. GRPO's mean over sequences weighs a micro-batch by its sequences with a
+    valid token, DAPO's token mean by its tokens, Dr. GRPO's constant normaliser by 1 / A.
+    """
+    if aggregation == "seq_mean_token_mean":
+        counts = (mask.sum(-1) > 0).sum(-1)
+    elif aggregation == "token_mean":
+        counts = mask.sum((1, 2))
+    else:
+        counts = np.ones(mask.shape[0]) * (mask.sum() > 0)
+    return (counts / max(counts.sum(), 1)).astype(np.float32)
+
+
+def completion_logprobs(cfg, params, micro, num_samples):
+    """Returns log pi(caption token) float32 [b, T] of one micro-batch (0 at padding)."""
+    return sampling.completion_logprobs(cfg, params, micro["prompt"], micro["completion"],
+                                        micro["mask"] > 0, num_samples=num_samples)
+
+
+_METRIC_KEYS = ("pg_loss", "clip_frac_low", "clip_frac_high", "ratio_mean")
+
+
+def grpo_step(cfg, optimizer, loss_kwargs, num_samples, state, batch, ref_params=None):
+    """Returns (new train state, metrics) after one GRPO update of the Policy params.
+
+    state: {"params", "opt_state", "step", "rng"}; batch from `train_batch`. Gradients are
+    summed over the [A] micro-batches with their weights; with no valid row at all the update
+    is skipped. ref_params (the initial Policy) feed the k3 KL when kl_beta > 0.
+    """
+    params = state["params"]
+
+    def micro_loss(p, micro):
+        logprobs = completion_logprobs(cfg, p, micro, num_samples)
+        ref = None
+        if ref_params is not None:
+            ref = jax.lax.stop_gradient(completion_logprobs(cfg, ref_params, micro, num_samples))
+        loss, metrics = losses.grpo_loss(logprobs, micro["old_logprobs"], micro["advantages"],
+                                         micro["mask"], ref_logprobs=ref, **loss_kwargs)
+        return loss * micro["weight"], metrics
+
+    def accumulate(carry, micro):
+        grads_sum, loss_sum, metric_sums = carry
+        (loss, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params, micro)
+        keys = _METRIC_KEYS + (("kl",) if ref_params is not None else ())
+        metric_sums = {k: metric_sums[k] + micro["weight"] * metrics[k] for k in keys}
+        return (jax.tree.map(jnp.add, grads_sum, grads), loss_sum + loss, metric_sums), None
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    keys = _METRIC_KEYS + (("kl",) if ref_params is not None else ())
+    init = (zeros, jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in keys})
+    (grads, loss, metric_sums), _ = jax.lax.scan(accumulate, init, batch)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    updated, update_metrics = state_lib.apply_gradients(state, grads, optimizer, loss)
+    has_signal = jnp.sum(batch["weight"]) > 0
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(has_signal, a, b), new, old)
+    new_state = dict(updated, params=keep(updated["params"], params),
+                     opt_state=keep(updated["opt_state"], state["opt_state"]))
+    metrics = {"loss": loss, **metric_sums, **update_metrics,
+               "no_signal_skipped": 1 - has_signal.astype(jnp.int32),
+               "update_norm": momentum.tree_distance(new_state["params"], params)}
+    return new_state, metrics
+
+
+def make_grpo_step(cfg, optimizer, rl):
+    """Returns the jitted GRPO step (train state donated)."""
+    loss_kwargs = dict(clip_eps=rl.clip_eps, clip_eps_high=rl.clip_eps_high,
+                       kl_beta=rl.kl_beta, aggregation=rl.aggregation)
+    return jax.jit(functools.partial(grpo_step, cfg, optimizer, loss_kwargs, rl.num_samples),
+                   donate_argnums=(0,))
+
+
+def momentum_schedule(rl):
+    """Returns the MomentumSchedule of the config: constant m or BYOL's cosine ramp to 1."""
+    m = rl.momentum
+    if rl.momentum_schedule == "byol_cosine":
+        m = momentum.byol_cosine(rl.momentum, 1.0, max(rl.num_steps // rl.sync_every, 1))
+    return momentum.MomentumSchedule(m, every=rl.sync_every)
+
+
+def sync(role_momentum, schedule, momentum_copies, params, step, policy_displacement):
+    """Returns (momentum after Policy update `step`, diagnostics dict) at a sync boundary.
+
+    Diagnostics (METHOD.md): tracking_error e_s = ||theta_s - phi_s||, momentum_update
+    u_s = ||phi_s - phi_{s-1}|| = (1 - m) ||theta_s - phi_{s-1}|| (phi_{s-1} is donated, so
+    the distance is taken before the update), policy_displacement Delta_s as given by the caller.
+    """
+    diagnostics = {}
+    if "frozen" in momentum_copies:
+        diagnostics["tracking_error_frozen"] = momentum.tree_distance(params,
+                                                                       momentum_copies["frozen"])
+    if "ema" not in momentum_copies or not schedule.is_sync(step):
+        return momentum_copies, diagnostics
+    m = schedule.m_at(step)
+    before = momentum.tree_distance(params, momentum_copies["ema"])
+    momentum_copies, _ = role_momentum.update(momentum_copies, params, schedule, step)
+    diagnostics.update(m=m, momentum_update=(1.0 - m) * before,
+                       tracking_error=momentum.tree_distance(params, momentum_copies["ema"]),
+                       policy_displacement=policy_displacement)
+    return momentum_copies, diagnostics
+
+
+def rollout_metrics(rollout):
+    """Returns the per-step scalars of a Rollout: rewards, signal, parse problems, sizes."""
+    group_std = rollout.rewards.std(-1)
+    return {
+        "reward_mean": float(rollout.rewards.mean()),
+        "reward_std": float(rollout.rewards.std()),
+        "reward_group_std": float(group_std.mean()),
+        "zero_variance_frac": float(rollout.zero_variance.mean()),
+        "rubric_failed_frac": float(1.0 - rollout.rubric_ok.mean()),
+        "signal_frac": float(rollout.has_signal.mean()),
+        "generator_problems": float(np.mean([len(p) for p in rollout.generator_problems])),
+        "judge_problems": float(rollout.judge_problems[rollout.rubric_ok].mean())
+        if rollout.rubric_ok.any() else 0.0,
+        "rubric_items": float(np.mean([len(r) for r in rollout.rubrics])),
+        "caption_tokens": float(rollout.lengths.mean()),
+        "caption_truncated_frac": float((rollout.lengths >= rollout.tokens.shape[1]).mean()),
+    }
+
+
+def toy_truth(scene, rollout, g):
+    """Returns the exact toy-world truth of group g: per-caption F1 and hallucinations, per-item
+    rubric truth (None: not in the world's language) and per-caption, per-item Judge correctness."""
+    metrics = [tw.caption_metrics(scene, caption) for caption in rollout.captions[g]]
+    facts = [toyroles.parse_criterion(item.criterion) for item in rollout.rubrics[g]]
+    item_true = [None if f is None else toyroles.fact_is_true(scene, f) for f in facts]
+    decision_right = []
+    for caption, values in zip(rollout.captions[g], rollout.decisions[g]):
+        mentions, background = tw.parse_caption(caption)
+        decision_right.append([None if f is None else
+                               int(toyroles.judge_fact(f, mentions, background).value == v)
+                               for f, v in zip(facts, values)])
+    return {"f1": [m["f1"] for m in metrics],
+            "hallucinated": [len(m["hallucinated"]) for m in metrics],
+            "item_true": item_true, "decision_right": decision_right}
+
+
+def truth_metrics(truths, rewards):
+    """Returns the step's toy-world truth scalars from toy_truth dicts of its groups; rewards [G, N]."""
+    f1 = [v for t in truths for v in t["f1"]]
+    items = [v for t in truths for v in t["item_true"]]
+    decisions = [v for t in truths for row in t["decision_right"] for v in row if v is not None]
+    out = {"true/caption_f1": float(np.mean(f1)),
+           "true/hallucinated_per_caption": float(np.mean([v for t in truths
+                                                           for v in t["hallucinated"]]))}
+    if items:
+        out["true/rubric_item_truth"] = float(np.mean([bool(v) for v in items]))
+        out["true/rubric_item_unreadable"] = float(np.mean([v is None for v in items]))
+    if decisions:
+        out["true/judge_accuracy"] = float(np.mean(decisions))
+    # Does the rubric reward rank captions as the truth does? Pearson r over this step's captions.
+    if np.std(f1) > 0 and np.std(rewards) > 0:
+        out["true/reward_f1_corr"] = float(np.corrcoef(np.ravel(rewards), f1)[0, 1])
+    return out
+
+
+def sample_rows(step, rollout, truths):
+    """Returns the JSON rows of one step's groups for <workdir>/rl_samples.jsonl."""
+    rows = []
+    for g, image_id in enumerate(rollout.ids):
+        row = {"step": step, "image_id": image_id, "captions": rollout.captions[g],
+               "subset": rollout.subsets[g].tolist(), "rubric_text": rollout.rubric_texts[g],
+               "rubric": [item._asdict() for item in rollout.rubrics[g]],
+               "generator_problems": rollout.generator_problems[g],
+               "decisions": rollout.decisions[g], "rewards": rollout.rewards[g].tolist(),
+               "has_signal": bool(rollout.has_signal[g])}
+        if truths:
+            row["truth"] = truths[g]
+        rows.append(row)
+    return rows
+
+
+def rl_records(config):
+    """Returns the RL image records {id, references, scene or image path} of the config's data."""
+    data = config.data
+    if data.source == "toyworld":
+        return toyroles.image_records(data.seed, config.rl.num_scenes or data.num_train_scenes)
+    return records_lib.load_jsonl(data.train_path, image_root=data.image_root or None)[0]
+
+
+def initial_policy(config, workdir, setup):
+    """Returns theta_0: the latest SFT checkpoint of this workdir, else the config's initial params."""
+    if checkpoint.latest_step(workdir, "sft") is not None:
+        return checkpoint.restore_params(workdir, "sft", setup.model_config)[0]
+    logging.warning("no SFT checkpoint in %s: RL starts from the config's initial params", workdir)
+    return setup.load_params()
+
+
+def rl_optimizer(config):
+    """Returns the Policy's optax optimiser: config.optimizer's AdamW with the rl schedule."""
+    opt = ml_collections.ConfigDict(config.optimizer.to_dict())
+    opt.lr, opt.warmup_ratio, opt.end_lr_ratio = (config.rl.lr, config.rl.warmup_ratio,
+                                                  config.rl.end_lr_ratio)
+    return state_lib.make_optimizer(opt, config.rl.num_steps)
+
+
+def _evaluate(config, setup, params):
+    """Returns held-out toy-world caption metrics of the Policy params, prefixed "eval/"."""
+    from mocojax.eval import toyworld_eval
+
+    result = toyworld_eval.evaluate(
+        setup.model_config, params, setup.processor, seed=config.data.seed,
+        start=config.data.num_train_scenes, num_scenes=config.eval.num_scenes,
+        batch_size=config.eval.batch_size, max_new_tokens=config.eval.max_new_tokens,
+        image_size=config.data.image_size)
+    return {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
+
+
+def run_rl(config, workdir):
+    """Runs (or resumes) Stage II as config.rl says; returns the final step's metrics."""
+    rl = config.rl
+    rl_config.validate(rl)
+    if jax.process_count() > 1:
+        raise ValueError("the RL stage runs on one host; multi-host RL is not supported yet")
+    setup = config_utils.build_setup(config, workdir)
+    cfg, processor = setup.model_config, setup.processor
+    records = rl_records(config)
+    scenes = {r["id"]: r["scene"] for r in records if "scene" in r}
+    optimizer = rl_optimizer(config)
+    role_momentum = momentum.RoleMomentum(rl.generator, rl.judge)
+    schedule = momentum_schedule(rl)
+    data_iter = iter(pipeline.rl_dataset(records, global_batch_size=rl.images_per_step,
+                                         seed=config.data.seed + 1,
+                                         image_size=config.data.image_size))
+    manager = checkpoint.Manager(workdir, "rl", keep=rl.keep_checkpoints)
+
+    def init(policy, roles_params, rng):
+        return {**state_lib.init_state(policy, optimizer, rng),
+                "momentum": role_momentum.init(roles_params)}
+
+    abstract_params = model.abstract_params(cfg)
+    restored = manager.restore_latest(jax.eval_shape(
+        init, abstract_params, abstract_params, jax.random.key(0)))
+    policy_0 = initial_policy(config, workdir, setup)
+    if restored is None:
+        roles_0 = (checkpoint.restore_params(rl.roles_init, "sft", cfg)[0] if rl.roles_init
+                   else policy_0)
+        state = init(jax.tree.map(jnp.copy, policy_0), roles_0, jax.random.key(config.seed + 1))
+        extra = {"no_signal_skipped": 0}
+    else:
+        state, extra = restored
+        data_iter.set_state(extra["data"])
+        logging.info("resumed RL from step %d", int(state["step"]))
+    ref_params = policy_0 if rl.kl_beta > 0 else None
+    start = int(state["step"])
+    step_fn = make_grpo_step(cfg, optimizer, rl)
+    writer = metrics_lib.MetricWriter(workdir, "rl", total_steps=rl.num_steps, initial_step=start)
+    is_toy = config.data.source == "toyworld"
+    if is_toy and start == 0:
+        writer.write(0, _evaluate(config, setup, state["params"]))
+    # Delta_s = ||theta_s - theta_{s-1}|| between syncs; with H = 1 it is the update's norm.
+    theta_at_sync = jax.tree.map(jnp.copy, state["params"]) if rl.sync_every > 1 else None
+    samples_path = os.path.join(workdir, "rl_samples.jsonl")
+    skipped = extra["no_signal_skipped"]
+    last = {}
+    for step in range(start + 1, rl.num_steps + 1):
+        t0 = time.perf_counter()
+        group = next(data_iter)
+        copies = state.pop("momentum")
+        rollout, seconds = rollout_lib.collect(
+            cfg, state["params"], role_momentum.params_for("generator", copies, state["params"]),
+            role_momentum.params_for("judge", copies, state["params"]), processor, group, rl,
+            seed=config.seed, step=step, rng=jax.random.fold_in(state["rng"], step))
+        t1 = time.perf_counter()
+        state, step_metrics = step_fn(state, train_batch(cfg, rollout, rl), ref_params)
+        step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+        t2 = time.perf_counter()
+        seconds["update"] = t2 - t1
+        displacement = step_metrics["update_norm"]
+        if theta_at_sync is not None and schedule.is_sync(step):
+            displacement = momentum.tree_distance(state["params"], theta_at_sync)
+            theta_at_sync = jax.tree.map(jnp.copy, state["params"])
+        copies, diagnostics = sync(role_momentum, schedule, copies, state["params"], step,
+                                   displacement)
+        state["momentum"] = copies
+        seconds["sync"] = time.perf_counter() - t2
+        skipped += int(step_metrics["no_signal_skipped"])
+        truths = ([toy_truth(scenes[image_id], rollout, g)
+                   for g, image_id in enumerate(rollout.ids)] if is_toy else [])
+        last = {**rollout_metrics(rollout), **step_metrics,
+                **{k: float(v) for k, v in diagnostics.items()},
+                **(truth_metrics(truths, rollout.rewards) if truths else {}),
+                **{f"time/{k}_s": v for k, v in seconds.items()},
+                "time/step_s": time.perf_counter() - t0, "no_signal_skipped_total": skipped,
+                "lr": float(state_lib.learning_rate_schedule(
+                    rl.lr, rl.num_steps, rl.warmup_ratio, rl.end_lr_ratio)(step - 1))}
+        if is_toy and rl.eval_every and (step % rl.eval_every == 0 or step == rl.num_steps):
+            last.update(_evaluate(config, setup, state["params"]))
+        writer.write(step, last, tokens=int(rollout.lengths.sum()))
+        if step % rl.log_samples_every == 0 and jax.process_index() == 0:
+            with open(samples_path, "a") as f:
+                for row in sample_rows(step, rollout, truths):
+                    f.write(json.dumps(row) + "\n")
+        if step % rl.checkpoint_every == 0 or step == rl.num_steps:
+            manager.save(step, state, {"data": data_iter.get_state(), "no_signal_skipped": skipped})
+    manager.close()
+    writer.close()
+    return last

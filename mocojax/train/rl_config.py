@@ -1,0 +1,120 @@
+"""Stage II defaults: the `rl` block of an experiment config, and its validation.
+
+Wire it into a config with `config.rl = rl_config.rl_defaults(tiny=arg == "tiny")`. The paper's
+values are in comments; the toy-world defaults are sized for SFT + RL + eval on 2 CPU cores.
+"""
+
+import ml_collections
+
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+ROLE_SOURCES = ("ema", "frozen", "policy")
+MOMENTUM_SCHEDULES = ("constant", "byol_cosine")
+
+
+def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
+    """Returns the `rl` config block: the method (shared init, m = 0.99, H = 1) on the toy world."""
+    rl = ml_collections.ConfigDict()
+    rl.num_steps = 60  # paper: 600
+    rl.images_per_step = 4  # groups per Policy update (paper: per-device batch 8)
+    rl.grad_accum_steps = 2  # paper: 2; each micro-batch holds images_per_step / 2 whole groups
+    rl.num_samples = 8  # N captions per image (paper: 16)
+    rl.subset_size = 4  # M captions shown to the Generator (paper: 4)
+    rl.num_scenes = 0  # toy world: RL images are training scenes 0..num_scenes-1 (0: all of them)
+
+    # The Policy's optimiser: AdamW settings come from config.optimizer, these override its
+    # schedule (paper: lr 1e-6, cosine, 5% warmup).
+    rl.lr = 1e-4
+    rl.warmup_ratio = 0.05
+    rl.end_lr_ratio = 0.1
+
+    # GRPO surrogate (losses.grpo_loss).
+    rl.clip_eps = 0.2
+    rl.clip_eps_high = 0.2  # DAPO's clip-higher sets it larger, e.g. 0.28
+    rl.kl_beta = 0.0  # > 0 adds k3 KL to the initial Policy (keeps a frozen copy)
+    rl.aggregation = "seq_mean_token_mean"
+    rl.adv_eps = 1e-6
+
+    # Momentum transfer: phi <- m phi + (1 - m) theta after every `sync_every` Policy updates.
+    rl.momentum = 0.99  # m; 1: frozen roles, 0: copy (H = 1) or periodic copy (H > 1)
+    rl.sync_every = 1  # H
+    rl.momentum_schedule = "constant"  # or "byol_cosine": m -> 1 by a half cosine over the run
+    rl.generator = "ema"  # which params play the Generator: "ema" | "frozen" | "policy"
+    rl.judge = "ema"
+    rl.roles_init = ""  # empty: roles start from the Policy's init (shared); else a workdir
+    #                     whose latest SFT checkpoint initialises the roles (separate init)
+
+    # Decoding. The Policy samples; the roles decode greedily so one rubric version is scored.
+    rl.temperature = 1.0
+    rl.top_p = 1.0
+    rl.top_k = 0
+    rl.max_new_tokens = 64  # caption tokens
+    rl.generator_temperature = 0.0
+    rl.generator_max_new_tokens = 160
+    rl.judge_temperature = 0.0
+    rl.judge_max_new_tokens = 96
+
+    rl.log_samples_every = 5  # K: one step's groups go to <workdir>/rl_samples.jsonl
+    rl.eval_every = 0  # held-out toy-world caption eval every n steps (0: at start and end only)
+    rl.checkpoint_every = 20
+    rl.keep_checkpoints = 2
+
+    if tiny:
+        rl.num_steps = 3
+        rl.images_per_step = 2
+        rl.grad_accum_steps = 2
+        rl.num_samples = 4
+        rl.subset_size = 2
+        rl.max_new_tokens = 8
+        rl.generator_max_new_tokens = 12
+        rl.judge_max_new_tokens = 8
+        rl.log_samples_every = 1
+        rl.checkpoint_every = 2
+    return rl
+
+
+def _fail(key, value, reason):
+    raise ValueError(f"config.rl.{key}={value!r}: {reason}")
+
+
+def validate(rl) -> None:
+    """Raises ValueError naming the first bad `rl` key; runs before anything is compiled."""
+    positive = ("num_steps", "images_per_step", "grad_accum_steps", "num_samples", "subset_size",
+                "sync_every", "max_new_tokens", "generator_max_new_tokens",
+                "judge_max_new_tokens", "log_samples_every", "checkpoint_every",
+                "keep_checkpoints")
+    for key in positive:
+        value = rl[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            _fail(key, value, "must be a positive int")
+    for key in ("num_scenes", "eval_every", "top_k"):
+        if not isinstance(rl[key], int) or rl[key] < 0:
+            _fail(key, rl[key], "must be an int >= 0")
+    if rl.subset_size > rl.num_samples:
+        _fail("subset_size", rl.subset_size, f"must be <= num_samples = {rl.num_samples}")
+    if rl.images_per_step % rl.grad_accum_steps:
+        _fail("grad_accum_steps", rl.grad_accum_steps,
+              f"must divide images_per_step = {rl.images_per_step} (micro-batches hold whole groups)")
+    if not 0.0 <= rl.momentum <= 1.0:
+        _fail("momentum", rl.momentum, "must be in [0, 1]")
+    if rl.momentum_schedule not in MOMENTUM_SCHEDULES:
+        _fail("momentum_schedule", rl.momentum_schedule, f"must be one of {MOMENTUM_SCHEDULES}")
+    for key in ("generator", "judge"):
+        if rl[key] not in ROLE_SOURCES:
+            _fail(key, rl[key], f"must be one of {ROLE_SOURCES}")
+    if rl.aggregation not in AGGREGATIONS:
+        _fail("aggregation", rl.aggregation, f"must be one of {AGGREGATIONS}")
+    if not 0.0 <= rl.clip_eps < 1.0:
+        _fail("clip_eps", rl.clip_eps, "must be in [0, 1)")
+    if rl.clip_eps_high < 0.0:
+        _fail("clip_eps_high", rl.clip_eps_high, "must be >= 0")
+    if rl.kl_beta < 0.0:
+        _fail("kl_beta", rl.kl_beta, "must be >= 0")
+    if rl.lr <= 0.0:
+        _fail("lr", rl.lr, "must be > 0")
+    if not 0.0 <= rl.warmup_ratio < 1.0:
+        _fail("warmup_ratio", rl.warmup_ratio, "must be in [0, 1)")
+    for key in ("temperature", "generator_temperature", "judge_temperature"):
+        if rl[key] < 0.0:
+            _fail(key, rl[key], "must be >= 0")
+    if not 0.0 < rl.top_p <= 1.0:
+        _fail("top_p", rl.top_p, "must be in (0, 1]")

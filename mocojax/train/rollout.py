@@ -1,0 +1,220 @@
+"""Stage II rollouts on the host: Policy samples, online rubrics, Judge decisions, rewards.
+
+One call of `collect` per Policy update, for G images (groups):
+  1. the Policy samples N captions per image (each prompt and image prefilled once);
+  2. a seeded random subset of M captions per image goes to the Generator, which writes the
+     rubric from the image, the references and the subset (greedy by default);
+  3. the Judge scores EVERY one of the N captions against its group's rubric, without the
+     image; the instruction + rubric prefix is the same for the N captions of a group;
+  4. reward r = sum_k w_k b_k / sum_k w_k; a group whose rubric did not parse gets no reward
+     and, like a group whose N rewards are all equal, no gradient.
+Text work (decoding, parsing, rewards) is numpy/python; model work goes through `sampling`.
+"""
+
+import contextlib
+import dataclasses
+import functools
+import time
+
+import jax
+import numpy as np
+
+from mocojax import roles, sampling
+
+
+@dataclasses.dataclass
+class Rollout:
+    """The rollouts of one Policy update (host arrays). G groups of N captions, T new tokens."""
+
+    ids: list  # [G] image ids
+    prompt: dict  # Processor output of the G Policy prompts (left padded to one length)
+    tokens: np.ndarray  # [G*N, T] sampled caption tokens, group-major
+    logprobs: np.ndarray  # [G*N, T] behaviour log-probabilities (unscaled softmax)
+    lengths: np.ndarray  # [G*N] generated tokens per row, EOS included
+    captions: list  # [G][N] caption text
+    subsets: np.ndarray  # [G, M] indices of the captions shown to the Generator
+    rubric_texts: list  # [G] raw Generator output
+    rubrics: list  # [G] list[RubricItem] (empty when nothing parsed)
+    generator_problems: list  # [G] list of parser problems
+    decisions: list  # [G][N] list[int] (one 0/1 per rubric item; [] when no rubric)
+    judge_problems: np.ndarray  # [G, N] number of parser problems per judged caption
+    rewards: np.ndarray  # [G, N] float32 in [0, 1]
+    rubric_ok: np.ndarray  # [G] bool: the rubric has at least one item
+
+    @property
+    def zero_variance(self) -> np.ndarray:
+        """Returns bool [G]: groups whose N rewards are all equal (no learning signal)."""
+        return self.rewards.max(-1) == self.rewards.min(-1)
+
+    @property
+    def has_signal(self) -> np.ndarray:
+        """Returns bool [G]: groups that give a gradient (rubric parsed, rewards not all equal)."""
+        return self.rubric_ok & ~self.zero_variance
+
+    @property
+    def completion_mask(self) -> np.ndarray:
+        """Returns int32 [G*N, T]: 1 on generated tokens (EOS included), 0 on padding."""
+        return (np.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]).astype(np.int32)
+
+
+def decode_texts(tokenizer, tokens, lengths, eos_token_ids):
+    """Returns the text of each row of tokens [R, T] up to its length, EOS tokens dropped."""
+    eos = set(int(t) for t in eos_token_ids)
+    return [tokenizer.decode([int(t) for t in row[:n] if int(t) not in eos],
+                             skip_special_tokens=True).strip()
+            for row, n in zip(np.asarray(tokens), np.asarray(lengths))]
+
+
+def _generate(cfg, params, processor, conversations, *, num_samples, max_new_tokens,
+              temperature, top_p=1.0, top_k=0, rng=None):
+    """Returns (Processor batch, sampler output) for prompts built from conversations."""
+    batch = processor(conversations, mode="generate")
+    out = sampling.generate(cfg, params, batch["input_ids"], batch["attention_mask"],
+                            batch["pixel_values"], batch["image_grid_thw"],
+                            max_new_tokens=max_new_tokens, num_samples=num_samples,
+                            temperature=temperature, top_p=top_p, top_k=top_k,
+                            eos_token_ids=processor.eos_token_ids, rng=rng)
+    return batch, out
+
+
+def sample_policy(cfg, params, processor, images, rl, rng):
+    """Returns (prompt batch, tokens [G*N, T], logprobs [G*N, T], lengths [G*N]) of the Policy."""
+    conversations = [roles.policy_messages(image) for image in images]
+    batch, out = _generate(cfg, params, processor, conversations, num_samples=rl.num_samples,
+                           max_new_tokens=rl.max_new_tokens, temperature=rl.temperature,
+                           top_p=rl.top_p, top_k=rl.top_k, rng=rng)
+    return (batch, np.asarray(out.tokens), np.asarray(out.logprobs, np.float32),
+            np.asarray(out.lengths))
+
+
+def write_rubrics(cfg, params, processor, images, references, subsets_text, rl, rng):
+    """Returns (raw texts [G], rubric items [G], parser problems [G]) from the Generator."""
+    conversations = [roles.generator_messages(image, refs, subset)
+                     for image, refs, subset in zip(images, references, subsets_text)]
+    _, out = _generate(cfg, params, processor, conversations, num_samples=1,
+                       max_new_tokens=rl.generator_max_new_tokens,
+                       temperature=rl.generator_temperature, rng=rng)
+    texts = decode_texts(processor.tokenizer, out.tokens, out.lengths, processor.eos_token_ids)
+    # parse_rubric reads an unterminated last line as truncated; a decoded reply that stopped
+    # at EOS is complete, so it gets its line end back.
+    finished = np.asarray(out.lengths) < rl.generator_max_new_tokens
+    parsed = [roles.parse_rubric(text + "\n" if done else text)
+              for text, done in zip(texts, finished)]
+    return texts, [items for items, _ in parsed], [problems for _, problems in parsed]
+
+
+def split_shared_prefix(input_ids, attention_mask, group_size):
+    """Returns (prefix ids [G, P], prefix mask [G, P], continuations [G*n, C], their mask).
+
+    input_ids / attention_mask [G*n, L] are left-padded prompts, n per group. Each group's
+    prefix is the longest run of tokens all its n prompts start with (kept short of the
+    shortest prompt so every continuation has a token); prefix + continuation is exactly the
+    original prompt, whatever the tokenizer does at the boundary. Prefixes come back left
+    padded, continuations right padded.
+    """
+    rows = [ids[mask > 0] for ids, mask in zip(np.asarray(input_ids), np.asarray(attention_mask))]
+    prefixes, continuations = [], []
+    for g in range(len(rows) // group_size):
+        group = rows[g * group_size:(g + 1) * group_size]
+        shared = min(len(r) for r in group) - 1
+        for r in group[1:]:
+            differs = np.nonzero(r[:shared] != group[0][:shared])[0]
+            shared = int(differs[0]) if differs.size else shared
+        prefixes.append(group[0][:shared])
+        continuations += [r[shared:] for r in group]
+
+    def pad(seqs, left):
+        width = max(len(s) for s in seqs)
+        ids = np.zeros((len(seqs), width), np.int32)
+        mask = np.zeros((len(seqs), width), np.int32)
+        for k, seq in enumerate(seqs):
+            span = slice(width - len(seq), width) if left else slice(0, len(seq))
+            ids[k, span], mask[k, span] = seq, 1
+        return ids, mask
+
+    return (*pad(prefixes, left=True), *pad(continuations, left=False))
+
+
+def judge_captions(cfg, params, processor, rubrics, captions, rl, rng):
+    """Returns (decisions [G][N] lists of 0/1, problem counts [G, N]) of the Judge.
+
+    Only groups with a rubric are judged. The N prompts of a group share the instruction +
+    rubric prefix, which is encoded once and its KV cache shared by the N captions.
+    """
+    num_groups, n = len(captions), len(captions[0])
+    decisions = [[[] for _ in range(n)] for _ in range(num_groups)]
+    problems = np.zeros((num_groups, n), np.int32)
+    judged = [g for g in range(num_groups) if rubrics[g]]
+    if not judged:
+        return decisions, problems
+    batch = processor([roles.judge_messages(rubrics[g], caption)
+                       for g in judged for caption in captions[g]], mode="generate")
+    prefix_ids, prefix_mask, tails, tail_mask = split_shared_prefix(
+        batch["input_ids"], batch["attention_mask"], n)
+    out = sampling.generate_with_shared_prefix(
+        cfg, params, prefix_ids, prefix_mask, continuations=tails, continuation_mask=tail_mask,
+        max_new_tokens=rl.judge_max_new_tokens, num_samples=n, temperature=rl.judge_temperature,
+        eos_token_ids=processor.eos_token_ids, rng=rng)
+    texts = decode_texts(processor.tokenizer, out.tokens, out.lengths, processor.eos_token_ids)
+    for row, text in enumerate(texts):
+        g, i = judged[row // n], row % n
+        values, found = roles.parse_decisions(text, len(rubrics[g]))
+        decisions[g][i] = [d.value for d in values]
+        problems[g, i] = len(found)
+    return decisions, problems
+
+
+def choose_subsets(seed, step, num_groups, num_samples, subset_size):
+    """Returns int [G, M]: a seeded random subset of M of the N captions per group."""
+    rng = np.random.default_rng([seed, step])
+    return np.stack([np.sort(rng.choice(num_samples, subset_size, replace=False))
+                     for _ in range(num_groups)])
+
+
+def group_rewards(rubrics, decisions):
+    """Returns float32 [G, N] rewards sum(w b) / sum(w); 0 for groups without a rubric."""
+    return np.asarray([[roles.rubric_reward([item.weight for item in rubric], values)
+                        if rubric else 0.0 for values in group]
+                       for rubric, group in zip(rubrics, decisions)], np.float32)
+
+
+def collect(cfg, policy_params, generator_params, judge_params, processor, group, rl, *,
+            seed, step, rng):
+    """Returns (Rollout, seconds per phase) for a group list of {id, image, references}.
+
+    rng is a jax key for the Policy's sampling (the roles decode greedily unless their
+    temperature says otherwise, from keys folded out of the same rng).
+    """
+    images = [example["image"] for example in group]
+    seconds = {}
+    timer = functools.partial(_timed, seconds)
+    with timer("policy_sampling"):
+        prompt, tokens, logprobs, lengths = sample_policy(cfg, policy_params, processor, images,
+                                                          rl, rng)
+    texts = decode_texts(processor.tokenizer, tokens, lengths, processor.eos_token_ids)
+    n = rl.num_samples
+    captions = [texts[g * n:(g + 1) * n] for g in range(len(group))]
+    subsets = choose_subsets(seed, step, len(group), n, rl.subset_size)
+    with timer("rubric_generation"):
+        rubric_texts, rubrics, generator_problems = write_rubrics(
+            cfg, generator_params, processor, images, [e["references"] for e in group],
+            [[captions[g][i] for i in subsets[g]] for g in range(len(group))], rl,
+            jax.random.fold_in(rng, 1))
+    with timer("judging"):
+        decisions, judge_problems = judge_captions(cfg, judge_params, processor, rubrics,
+                                                   captions, rl, jax.random.fold_in(rng, 2))
+    rollout = Rollout(
+        ids=[e["id"] for e in group], prompt=prompt, tokens=tokens, logprobs=logprobs,
+        lengths=lengths, captions=captions, subsets=subsets, rubric_texts=rubric_texts,
+        rubrics=rubrics, generator_problems=generator_problems, decisions=decisions,
+        judge_problems=judge_problems, rewards=group_rewards(rubrics, decisions),
+        rubric_ok=np.asarray([bool(r) for r in rubrics]))
+    return rollout, seconds
+
+
+@contextlib.contextmanager
+def _timed(seconds, name):
+    """Adds the wall seconds of the with-block to seconds[name]."""
+    start = time.perf_counter()
+    yield
+    seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
