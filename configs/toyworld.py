@@ -15,6 +15,7 @@ def get_config(arg=""):
     config = ml_collections.ConfigDict()
     config.seed = 0
     config.stages = ("sft", "eval", "export")
+    config.mesh = ""  # "" : sharding.DEFAULT_MESH over all devices; e.g. "fsdp=4,tensor=2"
 
     config.model = ml_collections.ConfigDict()
     config.model.init_from = ""  # empty: a fresh `model.tiny(**tiny)` sized to the toy tokenizer

@@ -10,7 +10,7 @@ from typing import Callable
 
 import jax
 
-from mocojax import hf, model, processing
+from mocojax import hf, model, processing, sharding
 from mocojax.data import records as records_lib
 from mocojax.data import toyroles
 
@@ -53,6 +53,10 @@ def validate(config, stages):
         if stage not in stages:
             _fail("stages", tuple(config.stages), f"unknown stage {stage!r}; known: {sorted(stages)}")
     _check(config, "seed", lambda v: isinstance(v, int), "must be an int")
+    try:
+        sharding.resolve_mesh_shape(sharding.parse_mesh(config.mesh or None), jax.device_count())
+    except ValueError as e:
+        _fail("mesh", config.mesh, str(e))
     for key in ("model.dtype", "model.param_dtype"):
         _check(config, key, lambda v: v in DTYPES, f"must be one of {DTYPES}")
     if config.model.init_from:

@@ -12,6 +12,7 @@ import logging
 import os
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from mocojax import checkpoint, config_utils
@@ -73,6 +74,8 @@ def run(config, workdir):
 
 
 def main(argv):
+    # orbax logs every checkpoint step at INFO; --verbosity=0 brings it back.
+    absl_logging.set_verbosity(absl_logging.WARNING)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _WORKDIR.value is None:

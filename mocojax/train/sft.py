@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mocojax import checkpoint, config_utils, losses, model
+from mocojax import checkpoint, config_utils, losses, model, sharding
 from mocojax import metrics as metrics_lib
 from mocojax.data import pipeline
 from mocojax.data import records as records_lib
@@ -95,30 +95,32 @@ def batch_nll(cfg, params, micro):
 
 def _accumulate(cfg, params, batch, with_grad):
     """Returns (grads or None, nll_sum, token_count, role_nll [R], role_tokens [R]) summed over micro-batches."""
-    zeros_r = jnp.zeros((NUM_ROLES,), jnp.float32)
+
+    def loss_fn(p, micro):
+        nll, *counts = batch_nll(cfg, p, micro)
+        return nll, counts
 
     def micro_step(carry, micro):
+        grads, *sums = carry
         if with_grad:
-            (nll, aux), grads = jax.value_and_grad(
-                lambda p: (lambda out: (out[0], out[1:]))(batch_nll(cfg, p, micro)), has_aux=True)(params)
-            carry_grads = jax.tree.map(jnp.add, carry[0], grads)
+            (nll, counts), micro_grads = jax.value_and_grad(loss_fn, has_aux=True)(params, micro)
+            grads = jax.tree.map(jnp.add, grads, micro_grads)
         else:
-            nll, *aux = batch_nll(cfg, params, micro)
-            carry_grads = carry[0]
-        tokens, role_nll, role_tokens = aux
-        return (carry_grads, carry[1] + nll, carry[2] + tokens, carry[3] + role_nll, carry[4] + role_tokens), None
+            nll, counts = loss_fn(params, micro)
+        return (grads, *[a + b for a, b in zip(sums, (nll, *counts))]), None
 
-    grads0 = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params) if with_grad else None
-    init = (grads0, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros_r, zeros_r)
+    grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params) if with_grad else None
+    zeros_r = jnp.zeros((NUM_ROLES,), jnp.float32)
+    init = (grads, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros_r, zeros_r)
     carry, _ = jax.lax.scan(micro_step, init, batch)
     return carry
 
 
-def _role_metrics(prefix, role_nll, role_tokens):
+def _role_metrics(role_nll, role_tokens):
     out = {}
     for r, name in enumerate(records_lib.ROLES):
-        out[f"{prefix}loss_{name}"] = role_nll[r] / jnp.maximum(role_tokens[r], 1.0)
-        out[f"{prefix}tokens_{name}"] = role_tokens[r]
+        out[f"loss_{name}"] = role_nll[r] / jnp.maximum(role_tokens[r], 1.0)
+        out[f"tokens_{name}"] = role_tokens[r]
     return out
 
 
@@ -129,7 +131,7 @@ def train_step(cfg, optimizer, state, batch):
     loss = nll / denom
     grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state["params"])
     new_state, update_metrics = state_lib.apply_gradients(state, grads, optimizer, loss)
-    metrics = {"loss": loss, "target_tokens": tokens, **update_metrics, **_role_metrics("", role_nll, role_tokens)}
+    metrics = {"loss": loss, "target_tokens": tokens, **update_metrics, **_role_metrics(role_nll, role_tokens)}
     return new_state, metrics
 
 
@@ -139,9 +141,15 @@ def eval_step(cfg, params, batch):
     return {"nll": nll, "tokens": tokens, "role_nll": role_nll, "role_tokens": role_tokens}
 
 
-def make_train_step(cfg, optimizer):
-    """Returns the jitted train step (state donated)."""
-    return jax.jit(functools.partial(train_step, cfg, optimizer), donate_argnums=(0,))
+BATCH_DIMS = {"input_ids": 1, "attention_mask": 1, "loss_mask": 1, "role": 1, "positions": 2,
+              "pixel_values": None, "vision": None}  # [A, b, ...]; patches stay replicated
+
+
+def make_train_step(cfg, optimizer, mesh, state_shardings, example_batch):
+    """Returns the jitted train step with explicit shardings (state donated)."""
+    batch_shardings = sharding.batch_shardings(example_batch, mesh, BATCH_DIMS)
+    return sharding.jit_train_step(functools.partial(train_step, cfg, optimizer), state_shardings,
+                                   batch_shardings, mesh)
 
 
 def evaluate_loss(cfg, params, eval_step_fn, batches, num_micro, max_patches):
@@ -152,66 +160,78 @@ def evaluate_loss(cfg, params, eval_step_fn, batches, num_micro, max_patches):
         total = out if total is None else jax.tree.map(np.add, total, out)
     result = {"eval/loss": float(total["nll"] / max(total["tokens"], 1.0))}
     for r, name in enumerate(records_lib.ROLES):
-        result[f"eval/loss_{name}"] = float(total["role_nll"][r] / max(total["role_tokens"][r], 1.0))
+        if total["role_tokens"][r]:
+            result[f"eval/loss_{name}"] = float(total["role_nll"][r] / total["role_tokens"][r])
     return result
 
 
+def _host_metrics(step_metrics):
+    """Returns the step's scalars as floats, without the loss of a role that had no tokens."""
+    out = {k: float(v) for k, v in step_metrics.items()}
+    for name in records_lib.ROLES:
+        if not out[f"tokens_{name}"]:
+            del out[f"loss_{name}"]
+    return out
+
+
 def run_sft(config, workdir):
-    """Runs (or resumes) Stage I as the config says; returns the final metrics dict."""
-    sft = config.sft
+    """Runs (or resumes) Stage I as the config says; returns the last step's metrics."""
+    sft, data_config = config.sft, config.data
     setup = config_utils.build_setup(config, workdir)
-    cfg, processor = setup.model_config, setup.processor
+    mesh = sharding.make_mesh(config.mesh or None)
+    cfg = sharding.model_config(setup.model_config, mesh)
     train_examples, eval_examples = config_utils.sft_examples(config)
     optimizer = state_lib.make_optimizer(config.optimizer, sft.num_steps)
-    proc = jax.process_index(), jax.process_count()
+    schedule = state_lib.learning_rate_schedule(config.optimizer.lr, sft.num_steps,
+                                                config.optimizer.warmup_ratio, config.optimizer.end_lr_ratio)
+    process_index, process_count = jax.process_index(), jax.process_count()
     num_micro = sft.grad_accum_steps
-    data = pipeline.sft_dataset(train_examples, processor, global_batch_size=sft.global_batch_size,
-                                seed=config.data.seed, process_index=proc[0], process_count=proc[1],
-                                buckets=tuple(config.data.length_buckets), image_size=config.data.image_size)
-    data_iter = iter(data)
+
+    def dataset(examples, seed, num_epochs):
+        return pipeline.sft_dataset(examples, setup.processor, global_batch_size=sft.global_batch_size,
+                                    seed=seed, num_epochs=num_epochs, process_index=process_index,
+                                    process_count=process_count, buckets=tuple(data_config.length_buckets),
+                                    image_size=data_config.image_size)
+
+    data_iter = iter(dataset(train_examples, data_config.seed, None))
     manager = checkpoint.Manager(workdir, "sft", keep=sft.keep_checkpoints)
+    state_shardings = sharding.train_state_shardings(cfg, mesh, optimizer, with_momentum=False)
     abstract = jax.eval_shape(lambda: state_lib.init_state(
         model.abstract_params(cfg), optimizer, jax.random.key(0)))
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            abstract, state_shardings)
     restored = manager.restore_latest(abstract)
     if restored is None:
-        state = state_lib.init_state(setup.load_params(), optimizer, jax.random.key(config.seed))
-        extra = {"skipped": 0}
+        params = setup.load_params() if config.model.init_from else None
+        state, _ = sharding.init_train_state(cfg, mesh, optimizer, jax.random.key(config.seed),
+                                             params=params, with_momentum=False)
+        skipped = 0
     else:
         state, extra = restored
         data_iter.set_state(extra["data"])
+        skipped = extra["skipped"]
         logging.info("resumed SFT from step %d", int(state["step"]))
     start = int(state["step"])
-    step_fn = make_train_step(cfg, optimizer)
+    step_fn = None
     eval_fn = jax.jit(functools.partial(eval_step, cfg))
-
-    def eval_batches():
-        dataset = pipeline.sft_dataset(eval_examples, processor, global_batch_size=sft.global_batch_size,
-                                       seed=0, num_epochs=1, process_index=proc[0], process_count=proc[1],
-                                       buckets=tuple(config.data.length_buckets),
-                                       image_size=config.data.image_size)
-        return iter(dataset)
-
     writer = metrics_lib.MetricWriter(workdir, "sft", total_steps=sft.num_steps, initial_step=start)
-    skipped = extra["skipped"]
     last = {}
     for step in range(start + 1, sft.num_steps + 1):
         t0 = time.perf_counter()
         host_batch = next(data_iter)
-        batch = micro_batches(cfg, host_batch, num_micro, config.data.max_patches)
+        batch = micro_batches(cfg, host_batch, num_micro, data_config.max_patches)
+        step_fn = step_fn or make_train_step(cfg, optimizer, mesh, state_shardings, batch)
         state, step_metrics = step_fn(state, batch)
-        step_metrics = jax.device_get(step_metrics)
-        skipped += int(step_metrics["skipped"])
+        last = _host_metrics(jax.device_get(step_metrics))
         seconds = time.perf_counter() - t0
-        real_tokens = int(host_batch["attention_mask"].sum()) * proc[1]
-        last = {k: float(v) for k, v in step_metrics.items()}
-        last.update(skipped_total=skipped, tokens_per_s=real_tokens / seconds, step_time_s=seconds,
-                    lr=float(state_lib.learning_rate_schedule(config.optimizer.lr, sft.num_steps,
-                                                              config.optimizer.warmup_ratio,
-                                                              config.optimizer.end_lr_ratio)(step - 1)))
+        skipped += int(last["skipped"])
+        tokens = int(host_batch["attention_mask"].sum()) * process_count
+        last.update(skipped_total=skipped, tokens_per_s=tokens / seconds, step_time_s=seconds,
+                    lr=float(schedule(step - 1)))
         if eval_examples and (step % sft.eval_every == 0 or step == sft.num_steps):
-            last.update(evaluate_loss(cfg, state["params"], eval_fn, eval_batches(), num_micro,
-                                      config.data.max_patches))
-        writer.write(step, last, tokens=real_tokens)
+            last.update(evaluate_loss(cfg, state["params"], eval_fn, iter(dataset(eval_examples, 0, 1)),
+                                      num_micro, data_config.max_patches))
+        writer.write(step, last, tokens=tokens)
         if step % sft.checkpoint_every == 0 or step == sft.num_steps:
             manager.save(step, state, {"data": data_iter.get_state(), "skipped": skipped})
     manager.close()
