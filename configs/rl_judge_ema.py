@@ -1,0 +1,13 @@
+"""Toy world ablation. Role ablation: EMA on the Judge only; the Generator stays the SFT model.
+
+  python -m mocojax.main --config configs/rl_judge_ema.py --workdir runs/rl_judge_ema
+"""
+
+from configs import rl_method
+
+
+def get_config(arg=""):
+    """Returns configs/rl_method.py with this ablation's change."""
+    config = rl_method.get_config(arg)
+    config.rl.generator, config.rl.judge = "frozen", "ema"
+    return config
