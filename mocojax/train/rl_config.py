@@ -23,7 +23,7 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
 
     # The Policy's optimiser: AdamW settings come from config.optimizer, these override its
     # schedule (paper: lr 1e-6, cosine, 5% warmup).
-    rl.lr = 1e-4
+    rl.lr = 2e-4  # the SFT lr / 10, the paper's ratio
     rl.warmup_ratio = 0.05
     rl.end_lr_ratio = 0.1
 
@@ -47,11 +47,11 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.temperature = 1.0
     rl.top_p = 1.0
     rl.top_k = 0
-    rl.max_new_tokens = 64  # caption tokens
+    rl.max_new_tokens = 64  # caption tokens (toy references: at most 52)
     rl.generator_temperature = 0.0
-    rl.generator_max_new_tokens = 160
+    rl.generator_max_new_tokens = 128  # toy rubrics: at most 117 tokens
     rl.judge_temperature = 0.0
-    rl.judge_max_new_tokens = 96
+    rl.judge_max_new_tokens = 72  # toy decisions: at most 61 tokens
 
     rl.log_samples_every = 5  # K: one step's groups go to <workdir>/rl_samples.jsonl
     rl.eval_every = 0  # held-out toy-world caption eval every n steps (0: at start and end only)

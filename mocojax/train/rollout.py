@@ -73,7 +73,8 @@ def _generate(cfg, params, processor, conversations, *, num_samples, max_new_tok
                             batch["pixel_values"], batch["image_grid_thw"],
                             max_new_tokens=max_new_tokens, num_samples=num_samples,
                             temperature=temperature, top_p=top_p, top_k=top_k,
-                            eos_token_ids=processor.eos_token_ids, rng=rng)
+                            eos_token_ids=processor.eos_token_ids, pad_id=processor.pad_token_id,
+                            rng=rng)
     return batch, out
 
 
@@ -154,7 +155,7 @@ def judge_captions(cfg, params, processor, rubrics, captions, rl, rng):
     out = sampling.generate_with_shared_prefix(
         cfg, params, prefix_ids, prefix_mask, continuations=tails, continuation_mask=tail_mask,
         max_new_tokens=rl.judge_max_new_tokens, num_samples=n, temperature=rl.judge_temperature,
-        eos_token_ids=processor.eos_token_ids, rng=rng)
+        eos_token_ids=processor.eos_token_ids, pad_id=processor.pad_token_id, rng=rng)
     texts = decode_texts(processor.tokenizer, out.tokens, out.lengths, processor.eos_token_ids)
     for row, text in enumerate(texts):
         g, i = judged[row // n], row % n
