@@ -122,6 +122,7 @@ def grpo_step(cfg, optimizer, loss_kwargs, num_samples, state, batch, ref_params
     is skipped. ref_params (the initial Policy) feed the k3 KL when kl_beta > 0.
     """
     params = state["params"]
+    keys = _METRIC_KEYS + (("kl",) if ref_params is not None else ())
 
     def micro_loss(p, micro):
         logprobs = completion_logprobs(cfg, p, micro, num_samples)
@@ -135,12 +136,10 @@ def grpo_step(cfg, optimizer, loss_kwargs, num_samples, state, batch, ref_params
     def accumulate(carry, micro):
         grads_sum, loss_sum, metric_sums = carry
         (loss, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params, micro)
-        keys = _METRIC_KEYS + (("kl",) if ref_params is not None else ())
         metric_sums = {k: metric_sums[k] + micro["weight"] * metrics[k] for k in keys}
         return (jax.tree.map(jnp.add, grads_sum, grads), loss_sum + loss, metric_sums), None
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    keys = _METRIC_KEYS + (("kl",) if ref_params is not None else ())
     init = (zeros, jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in keys})
     (grads, loss, metric_sums), _ = jax.lax.scan(accumulate, init, batch)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
