@@ -233,6 +233,7 @@ def main(argv=None):
     make = model.tiny if args.preset == "tiny" else functools.partial(model.preset, args.preset)
     cfg = make(param_dtype=args.param_dtype, dtype=args.dtype, remat=not args.no_remat)
     mesh = sharding.make_mesh(args.mesh)
+    cfg = sharding.model_config(cfg, mesh)
     t0 = time.perf_counter()
     rows = plan(cfg, mesh, sharding.DEFAULT_RULES, sft_global_batch=args.sft_global_batch, rl_rows_per_device=args.rl_rows_per_device,
                 rl_accum=args.rl_accum, length=args.length, decode_rows_per_device=args.decode_rows_per_device,

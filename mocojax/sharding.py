@@ -139,6 +139,18 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
+def model_config(cfg: model.ModelConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> model.ModelConfig:
+    """Returns cfg whose decoder pins hidden states [B, L, D] to rows over the data axes (B must divide them).
+
+    Without it XLA follows the weights, split on embed by fsdp, and shards activations by
+    embed with the full batch on every device: at 8B, 2048 tokens, 4x the memory per row.
+    """
+    rule = dict(rules).get("batch")
+    rule = () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
+    batch_axes = tuple(a for a in rule if a in mesh.shape)
+    return cfg.replace(activation_sharding=NamedSharding(mesh, P(batch_axes or None, None, None)))
+
+
 def param_shardings(cfg: model.ModelConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES):
     """Returns the params tree of NamedShardings for `cfg` on `mesh` under `rules`."""
     axes = model.param_axes(cfg)

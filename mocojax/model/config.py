@@ -68,7 +68,12 @@ class ModelConfig:
     """A whole Qwen3-VL model: text decoder, vision tower, special token ids and dtypes.
 
     `param_dtype` is the storage dtype of the parameters; `dtype` is the compute dtype of
-    activations (fp32/fp32 for parity tests, fp32/bf16 or bf16/bf16 for speed).
+    activations (fp32/fp32 for parity tests, fp32/bf16 or bf16/bf16 for speed). `remat`
+    recomputes each decoder layer in the backward pass (jax.checkpoint), so training keeps one
+    [B, L, D] input per layer instead of every intermediate; it changes no result.
+    `activation_sharding` (a jax.sharding.Sharding of [B, L, D] hidden states, set by
+    `mocojax.sharding.model_config`) pins the decoder's hidden states to it at every layer, so
+    a mesh shards activations by rows instead of by the embed dim the weights are split on.
     """
 
     text: TextConfig = TextConfig()
@@ -80,6 +85,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     param_dtype: str = "float32"
     dtype: str = "float32"
+    remat: bool = False
+    activation_sharding: Any = None
 
     def __post_init__(self):
         self.validate()

@@ -83,11 +83,12 @@ class RMSNorm(nnx.Module):
         return self.scale[...].astype(self.dtype) * y.astype(self.dtype)
 
 
-def scan_layers(layers: nnx.Module, carry, fn, xs=None, start: int = 0, stop: int | None = None):
+def scan_layers(layers: nnx.Module, carry, fn, xs=None, start: int = 0, stop: int | None = None, remat: bool = False):
     """Runs `fn(layer, carry, x) -> (carry, y)` over stacked layers[start:stop] with lax.scan.
 
     Layers are built with nnx.vmap (parameters stacked on a leading `layers` axis); one scan
-    keeps the compiled program the size of one layer whatever the depth.
+    keeps the compiled program the size of one layer whatever the depth. remat recomputes each
+    layer in the backward pass (prevent_cse=False is safe, and faster, inside a scan).
     """
     graphdef, state = nnx.split(layers)
     if start or stop is not None:
@@ -97,6 +98,8 @@ def scan_layers(layers: nnx.Module, carry, fn, xs=None, start: int = 0, stop: in
         layer_state, x = inputs
         return fn(nnx.merge(graphdef, layer_state), c, x)
 
+    if remat:
+        body = jax.checkpoint(body, prevent_cse=False)
     return jax.lax.scan(body, carry, (state, xs))
 
 

@@ -28,7 +28,8 @@ class Qwen3VL(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         kw = dict(param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype))
         self.visual = VisionModel(cfg.vision, rngs=rngs, **kw)
-        self.text = TextModel(cfg.text, tie_word_embeddings=cfg.tie_word_embeddings, rngs=rngs, **kw)
+        self.text = TextModel(cfg.text, tie_word_embeddings=cfg.tie_word_embeddings, remat=cfg.remat,
+                              activation_sharding=cfg.activation_sharding, rngs=rngs, **kw)
 
 
 @functools.lru_cache(maxsize=32)

@@ -79,9 +79,9 @@ class DecoderLayer(nnx.Module):
 
 
 class TextModel(nnx.Module):
-    def __init__(self, t: TextConfig, *, tie_word_embeddings: bool, param_dtype, dtype, rngs):
+    def __init__(self, t: TextConfig, *, tie_word_embeddings: bool, param_dtype, dtype, rngs, remat: bool = False, activation_sharding=None):
         kw = dict(param_dtype=param_dtype, dtype=dtype)
-        self.config, self.dtype = t, dtype
+        self.config, self.dtype, self.remat, self.activation_sharding = t, dtype, remat, activation_sharding
         self.embed = param(rngs, (t.vocab_size, t.hidden_size), ("vocab", "embed"), param_dtype, std=t.initializer_range)
         self.layers = stacked(t.num_hidden_layers, lambda r: DecoderLayer(t, rngs=r, **kw))(rngs)
         self.norm = RMSNorm(t.hidden_size, "embed", eps=t.rms_norm_eps, **kw)
@@ -99,9 +99,11 @@ class TextModel(nnx.Module):
         Returns (hidden [B, T, D], new cache or None, per-layer outputs [layers, B, T, D] or None).
         """
         n_layers = self.config.num_hidden_layers
+        x = self._constrain(x)
 
         def layer_fn(layer, h, xs):
             kv, ds = xs
+            h = self._constrain(h)
             h, new_kv = layer(h, cos, sin, mask, kv, write_index)
             out_h = h
             if ds is not None:
@@ -110,7 +112,7 @@ class TextModel(nnx.Module):
 
         def run(h, start, stop, ds):
             kv = None if cache is None else jax.tree.map(lambda a: a[start:stop], (cache["k"], cache["v"]))
-            return scan_layers(self.layers, h, layer_fn, xs=(kv, ds), start=start, stop=stop)
+            return scan_layers(self.layers, h, layer_fn, xs=(kv, ds), start=start, stop=stop, remat=self.remat)
 
         n_ds = 0 if deepstack is None else deepstack.shape[0]
         # Two scans: the DeepStack stretch carries its features as scan inputs, the rest none.
@@ -127,6 +129,11 @@ class TextModel(nnx.Module):
         if output_hidden_states:
             hidden_states = jnp.concatenate([o[1] for o in outputs])
         return self.norm(x), new_cache, hidden_states
+
+    def _constrain(self, h):
+        if self.activation_sharding is None:
+            return h
+        return jax.lax.with_sharding_constraint(h, self.activation_sharding)
 
     def logits(self, hidden):
         """Returns float32 logits [B, T, V] (lm_head, or the embedding when tied)."""

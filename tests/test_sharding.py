@@ -1,0 +1,195 @@
+"""Sharding: mesh and rule semantics in-process; sharded == single-device on 8 fake CPU devices in a subprocess.
+
+The parity checks need `--xla_force_host_platform_device_count=8` before jax starts, and the
+test session has already started jax, so this file re-runs itself as a script:
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/test_sharding.py fsdp=8 fsdp=4,tensor=2
+"""
+
+import functools
+import os
+import subprocess
+import sys
+
+if __name__ == "__main__":
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import pytest  # noqa: E402
+from jax.sharding import AbstractMesh, PartitionSpec as P  # noqa: E402
+
+from mocojax import model, momentum, plan, sharding  # noqa: E402
+
+MESH = AbstractMesh((2, 2, 2), ("data", "fsdp", "tensor"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_parse_and_resolve_mesh():
+    assert sharding.parse_mesh("fsdp=4, tensor=2") == (("fsdp", 4), ("tensor", 2))
+    assert sharding.parse_mesh({"data": 2, "fsdp": -1}) == (("data", 2), ("fsdp", -1))
+    assert sharding.resolve_mesh_shape(sharding.DEFAULT_MESH, 8) == (("data", "fsdp", "tensor"), (1, 8, 1))
+    assert sharding.resolve_mesh_shape((("fsdp", -1), ("tensor", 2)), 8) == (("fsdp", "tensor"), (4, 2))
+    with pytest.raises(ValueError, match="needs 6 devices"):
+        sharding.resolve_mesh_shape((("fsdp", 3), ("tensor", 2)), 8)
+    with pytest.raises(ValueError, match="at most one"):
+        sharding.resolve_mesh_shape((("fsdp", -1), ("tensor", -1)), 8)
+    with pytest.raises(ValueError, match="name=size"):
+        sharding.parse_mesh("fsdp")
+
+
+def test_logical_spec_rules():
+    spec = functools.partial(sharding.logical_spec, mesh=MESH)
+    assert spec(("layers", "embed", "heads", "head_dim"), (3, 64, 4, 16)) == P(None, "fsdp", "tensor", None)
+    assert spec(("batch", "length"), (8, 5)) == P(("data", "fsdp"), None)
+    # A dim the axis does not divide is replicated (with a warning), the others keep theirs.
+    assert spec(("embed", "kv_heads"), (63, 3)) == P(None, None)
+    # An axis shards one dim only: the second dim asking for fsdp is replicated.
+    assert spec(("vision_merged", "embed"), (64, 64)) == P("fsdp", None)
+    # Rules naming an axis the mesh lacks replicate that dim.
+    assert sharding.logical_spec(("heads",), (4,), AbstractMesh((8,), ("fsdp",))) == P(None)
+    with pytest.raises(ValueError, match="does not divide"):
+        spec(("batch",), (6,))
+    with pytest.raises(ValueError, match="no sharding rule"):
+        spec(("embedd",), (8,))
+
+
+def test_every_param_axis_has_a_rule_and_8b_shards_fully_on_fsdp8():
+    cfg = model.preset("8b")
+    mesh = AbstractMesh((1, 8, 1), ("data", "fsdp", "tensor"))
+    shapes = model.abstract_params(cfg)
+    specs = jax.tree.map(lambda a, s: sharding.logical_spec(a, s.shape, mesh), model.param_axes(cfg), shapes,
+                         is_leaf=lambda x: isinstance(x, tuple))
+    big = [s for s, x in zip(jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P)), jax.tree.leaves(shapes))
+           if np.prod(x.shape) > 1e6]
+    assert big and all("fsdp" in tuple(s) for s in big)
+
+
+def test_remat_changes_no_result():
+    cfg = model.tiny()
+    params = model.init_params(cfg, 0)
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 200, (2, 8)), jnp.int32)
+    mask = jnp.ones_like(ids)
+    positions = jnp.broadcast_to(jnp.arange(8), (3, 2, 8))
+
+    def loss(c, p):
+        return model.apply(c, p, ids, mask, positions)[0].sum()
+
+    (a, ga), (b, gb) = (jax.jit(jax.value_and_grad(functools.partial(loss, c)))(params)
+                        for c in (cfg, cfg.replace(remat=True)))
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), ga, gb)
+
+
+def test_sharded_steps_match_single_device_on_8_fake_devices():
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("XLA_FLAGS", None)
+    result = subprocess.run([sys.executable, __file__, "fsdp=8", "fsdp=4,tensor=2"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert result.stdout.count("match") == 2, result.stdout
+
+
+# ------------------------------------------------------------------ the subprocess (8 devices)
+def _inputs(cfg, rng, rows=8, length=16):
+    """Returns a batch dict with one image per row, left padding on odd rows: ids/masks [B, L], positions [3, B, L]."""
+    ids = rng.integers(0, 240, (rows, length))
+    image = [cfg.vision_start_token_id] + [cfg.image_token_id] * 4 + [cfg.vision_end_token_id]
+    ids[:, 3:3 + len(image)] = image
+    mask = np.ones_like(ids)
+    mask[1::2, :2] = 0
+    grid = np.array([[1, 4, 4]] * rows)
+    inputs = model.prepare_inputs(cfg, ids, mask, grid)
+    pixel_values = rng.standard_normal((rows * 16, cfg.vision.patch_dim)).astype(np.float32)
+    return {"input_ids": ids.astype(np.int32), "attention_mask": mask.astype(np.int32), "positions": inputs.positions,
+            "loss_mask": mask.astype(np.int32), "pixel_values": pixel_values, "vision": inputs.vision}
+
+
+BATCH_DIMS = {"positions": 2, "pixel_values": None, "vision": None}
+
+
+def _run(cfg, mesh, sft_batch, rl_batch, decode_args):
+    """Returns every output the parity test compares, computed on `mesh`."""
+    cfg = sharding.model_config(cfg, mesh)
+    # eps well above rounding noise: Adam maps a gradient that is noise, |g| << eps, to ~lr * g / eps
+    # instead of ~lr * sign(noise), which would differ between meshes by lr.
+    optimizer = optax.adamw(1e-4, eps=1e-6, weight_decay=0.01)
+    state, state_sh = sharding.init_train_state(cfg, mesh, optimizer, jax.random.PRNGKey(0))
+    # Steps donate the state, so every output is copied to the host as soon as it exists.
+    out = {"init": jax.tree.map(np.asarray, state["params"])}
+    params_sh = state_sh["params"]
+
+    forward = jax.jit(functools.partial(model.apply, cfg), in_shardings=(
+        params_sh, *(sharding.batch_sharding(mesh, x.shape, d) for x, d in ((sft_batch["input_ids"][0], 0), (sft_batch["attention_mask"][0], 0), (sft_batch["positions"][0], 1))),
+        sharding.replicated(mesh), sharding.replicated(mesh)))
+    first = jax.tree.map(lambda x: x[0], sft_batch)
+    out["logits"] = forward(state["params"], first["input_ids"], first["attention_mask"], first["positions"],
+                            first["pixel_values"], first["vision"])[0]
+
+    for name, loss_fn, batch in (("sft", plan.sft_loss_fn, sft_batch), ("rl", plan.rl_loss_fn, rl_batch)):
+        batch_sh = sharding.batch_shardings(batch, mesh, {**BATCH_DIMS, "advantages": 1}, default_dim=1)
+        step = sharding.jit_train_step(plan.make_update_step(cfg, optimizer, functools.partial(loss_fn, mesh=mesh), params_sh),
+                                       state_sh, batch_sh, mesh)
+        for i in range(2):
+            state, metrics = step(state, jax.device_put(batch, batch_sh))
+            out[f"{name}_loss_{i}"] = np.asarray(metrics["loss"])
+        out[f"{name}_params"] = jax.tree.map(np.asarray, state["params"])
+    ema = sharding.jit_ema_update(params_sh, mesh)
+    out["momentum"] = ema(momentum.init_momentum(out["init"]), state["params"], 0.9)
+
+    cache, key_valid, tokens, positions = decode_args
+    cache_sh = sharding.kv_cache_shardings(mesh, cache["k"].shape)
+    rows = sharding.batch_sharding(mesh, tokens.shape[:1])
+    decode = jax.jit(functools.partial(plan.decode_step, cfg), out_shardings=(cache_sh, sharding.batch_sharding(mesh, key_valid.shape), rows, rows),
+                     in_shardings=(params_sh, cache_sh, sharding.batch_sharding(mesh, key_valid.shape),
+                                   sharding.batch_sharding(mesh, tokens.shape), sharding.batch_sharding(mesh, positions.shape, 1),
+                                   sharding.replicated(mesh)))
+    # Decoding starts from the initial params, equal on every mesh, so it compares the decode
+    # step itself rather than the last bits of four optimizer steps, which k_norm amplifies.
+    init = jax.device_put(out["init"], params_sh)
+    out["cache"], out["key_valid"], out["next"], out["logprob"] = decode(init, cache, key_valid, tokens, positions, 5)
+
+    place = sharding.placer(cfg, mesh)
+    placed = jax.tree_util.tree_map_with_path(lambda p, x: place(".".join(k.key for k in p), x), out["init"])
+    assert jax.tree.all(jax.tree.map(lambda a, s: a.sharding == s, placed, params_sh))
+    out["placed"] = placed
+    return jax.tree.map(np.asarray, out), state_sh
+
+
+def _child(mesh_specs):
+    jax.config.update("jax_default_matmul_precision", "highest")
+    assert jax.device_count() == 8, jax.devices()
+    cfg = model.tiny()
+    rng = np.random.default_rng(0)
+    micro = [_inputs(cfg, rng) for _ in range(2)]
+    sft_batch = jax.tree.map(lambda x: x[None], micro[0])
+    rl_batch = jax.tree.map(lambda *xs: np.stack(xs), *micro)
+    rl_batch["completion_mask"] = rl_batch.pop("loss_mask")[:, :, 1:]
+    rl_batch["old_logprobs"] = (-rng.uniform(0.5, 6.0, rl_batch["completion_mask"].shape)).astype(np.float32)
+    rl_batch["advantages"] = rng.standard_normal((2, 8)).astype(np.float32)
+    t = cfg.text
+    cache_shape = (t.num_hidden_layers, 8, 16, t.num_key_value_heads, t.head_dim)
+    cache = {k: rng.standard_normal(cache_shape).astype(np.float32) for k in ("k", "v")}
+    key_valid = (np.arange(16)[None] < 5).astype(np.int32).repeat(8, 0)
+    key_valid[1::2, :2] = 0
+    decode_args = (cache, key_valid, rng.integers(0, 240, (8, 1)).astype(np.int32),
+                   np.full((3, 8, 1), 5, np.int32))
+
+    reference, _ = _run(cfg, sharding.make_mesh("fsdp=1", devices=jax.devices()[:1]), sft_batch, rl_batch, decode_args)
+    for spec in mesh_specs:
+        mesh = sharding.make_mesh(spec)
+        got, state_sh = _run(cfg, mesh, sft_batch, rl_batch, decode_args)
+        sharded = [s for s in jax.tree.leaves(state_sh["params"]) if not s.is_fully_replicated]
+        assert len(sharded) > 20, f"{spec}: only {len(sharded)} parameters are sharded"
+        for key in reference:
+            diff = max(float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0
+                       for a, b in zip(jax.tree.leaves(reference[key]), jax.tree.leaves(got[key]), strict=True))
+            assert diff <= 1e-5, f"{spec}: {key} differs from one device by {diff:.2e}"
+        assert (reference["next"] == got["next"]).all()
+        print(f"{spec}: {len(reference)} outputs match one device (<= 1e-5)", flush=True)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1:])
