@@ -28,7 +28,7 @@ def get_config(arg=""):
     config.data.source = "toyworld"
     config.data.seed = 0
     config.data.num_train_scenes = 4000
-    config.data.num_eval_scenes = 50
+    config.data.num_eval_scenes = 24
     config.data.mix = (2, 1, 1)  # Policy : Generator : Judge records per scene (the paper's 2:1:1)
     config.data.image_size = 128
     # 128x128 images at 16 px patches and 2x2 merging: 16 image tokens (the default min_pixels
@@ -40,8 +40,8 @@ def get_config(arg=""):
     config.data.train_path = ""
     config.data.eval_path = ""
     config.data.image_root = ""
-    config.data.length_buckets = (128, 256, 384, 512, 768)
-    config.data.max_patches = ml_collections.config_dict.placeholder(int)  # None: next power of two of the need
+    config.data.length_buckets = tuple(range(128, 769, 64))  # fine buckets: few pad tokens, ~6 shapes
+    config.data.max_patches = 16 * 64  # one fixed patch count: 16 rows x 64 patches (None: next power of two)
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.lr = 2e-3
@@ -54,11 +54,11 @@ def get_config(arg=""):
     config.optimizer.grad_clip_norm = 1.0
 
     config.sft = ml_collections.ConfigDict()
-    config.sft.num_steps = 600
+    config.sft.num_steps = 250
     config.sft.global_batch_size = 16
     config.sft.grad_accum_steps = 1
-    config.sft.eval_every = 100
-    config.sft.checkpoint_every = 100
+    config.sft.eval_every = 50
+    config.sft.checkpoint_every = 50
     config.sft.keep_checkpoints = 2
 
     config.eval = ml_collections.ConfigDict()
@@ -78,6 +78,7 @@ def get_config(arg=""):
         config.data.num_train_scenes = 8
         config.data.num_eval_scenes = 2
         config.data.length_buckets = (768,)
+        config.data.max_patches = 2 * 64
         config.sft.num_steps = 4
         config.sft.global_batch_size = 4
         config.sft.grad_accum_steps = 2
