@@ -80,7 +80,8 @@ def test_remat_changes_no_result():
     (a, ga), (b, gb) = (jax.jit(jax.value_and_grad(functools.partial(loss, c)))(params)
                         for c in (cfg, cfg.replace(remat=True)))
     np.testing.assert_allclose(a, b, rtol=1e-6)
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), ga, gb)
+    # Recomputation fuses differently: equal to float32 rounding relative to each gradient's scale.
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5 * np.abs(y).max()), ga, gb)
 
 
 def test_sharded_steps_match_single_device_on_8_fake_devices():
