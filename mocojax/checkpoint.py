@@ -49,7 +49,8 @@ class Manager:
         step = self._manager.latest_step()
         if step is None:
             return None
-        params, rest = _to_storable(jax.tree.map(lambda x: x, abstract_state))
+        params = abstract_state["params"]
+        rest = {k: v for k, v in abstract_state.items() if k != "params"}
         rest["rng"] = jax.eval_shape(jax.random.key_data, abstract_state["rng"])
         restored = self._manager.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(params), state=ocp.args.StandardRestore(rest),

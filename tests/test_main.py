@@ -1,0 +1,86 @@
+"""The command line: config validation before any work, and exact resume after a real SIGKILL."""
+
+import os
+import signal
+import importlib.util
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from mocojax import checkpoint, config_utils, main
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("toyworld_config", os.path.join(REPO, "configs", "toyworld.py"))
+toyworld = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(toyworld)
+NUM_STEPS, KILL_AFTER = 6, 2
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("optimizer.warmup_ratio", 1.5, "config.optimizer.warmup_ratio=1.5"),
+    ("sft.global_batch_size", 5, "config.sft.global_batch_size=5"),  # not a multiple of grad_accum_steps=2
+    ("model.dtype", "float64", "config.model.dtype='float64'"),
+    ("stages", ("sft", "train"), "unknown stage 'train'"),
+    ("data.length_buckets", (512, 256), "config.data.length_buckets"),
+])
+def test_bad_config_value_fails_before_any_work_naming_the_key(tmp_path, monkeypatch, key, value, message):
+    config = toyworld.get_config("tiny")
+    section, _, name = key.rpartition(".")
+    (config[section] if section else config)[name] = value
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("validation must fail before building the model or data")
+
+    monkeypatch.setattr(config_utils, "build_setup", must_not_run)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        main.run(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def _command(workdir):
+    return [sys.executable, "-m", "mocojax.main", "--config", "configs/toyworld.py:tiny", "--workdir", str(workdir),
+            "--config.stages=('sft',)", f"--config.sft.num_steps={NUM_STEPS}", "--config.sft.checkpoint_every=1",
+            "--config.sft.keep_checkpoints=10", "--config.sft.eval_every=100"]
+
+
+def _env(cache_dir):
+    # A shared persistent compilation cache: the three runs compile the step once between them.
+    return dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
+def _final_params(workdir):
+    config = toyworld.get_config("tiny")
+    cfg = config_utils.build_setup(config, str(workdir)).model_config
+    params, step = checkpoint.restore_params(str(workdir), "sft", cfg)
+    assert step == NUM_STEPS
+    return params
+
+
+def test_sigkill_then_resume_matches_an_uninterrupted_run_bitwise(tmp_path):
+    env = _env(tmp_path / "jax_cache")
+    subprocess.run(_command(tmp_path / "straight"), cwd=REPO, env=env, check=True, capture_output=True)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_command(killed), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    # Orbax writes into a temporary directory and renames it to the step number when complete.
+    finished = killed / "checkpoints" / "sft" / str(KILL_AFTER)
+    deadline = time.time() + 300
+    while not finished.is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert finished.is_dir()
+    reached = checkpoint.latest_step(str(killed), "sft")
+    assert KILL_AFTER <= reached < NUM_STEPS
+
+    resumed = subprocess.run(_command(killed), cwd=REPO, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    straight_params, resumed_params = _final_params(tmp_path / "straight"), _final_params(killed)
+    jax.tree.map(np.testing.assert_array_equal, straight_params, resumed_params)
