@@ -62,6 +62,8 @@ def validate(config, stages):
     if config.model.init_from:
         _check(config, "model.init_from", lambda v: os.path.isfile(os.path.join(v, "config.json")),
                "must be an HF Qwen3-VL directory with config.json")
+    elif config.data.source != "toyworld":
+        _fail("model.init_from", config.model.init_from, "is required (an HF directory) unless data.source='toyworld'")
     else:
         try:
             model.tiny(**config.model.tiny)
