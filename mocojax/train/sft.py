@@ -88,9 +88,9 @@ def batch_nll(cfg, params, micro):
                             pixel_values, micro["vision"])
     # logits[:, t] predicts input_ids[:, t + 1]; loss_mask marks target tokens of input_ids.
     logits, targets, mask = logits[:, :-1], micro["input_ids"][:, 1:], micro["loss_mask"][:, 1:]
-    _, sums = losses.sft_loss(logits, targets, mask)
+    # The mixed loss's sums are the per-role sums added up (one log-softmax over [b, L, V], not two).
     role_nll, role_tokens = losses.per_group_nll(logits, targets, mask, micro["role"], NUM_ROLES)
-    return sums["nll_sum"], sums["token_count"], role_nll, role_tokens
+    return role_nll.sum(), role_tokens.sum(), role_nll, role_tokens
 
 
 def _accumulate(cfg, params, batch, with_grad):
