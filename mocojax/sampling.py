@@ -332,11 +332,12 @@ def generate(cfg: ModelConfig, params, input_ids, attention_mask, pixel_values=N
 
 def generate_with_shared_prefix(cfg: ModelConfig, params, input_ids, attention_mask, pixel_values=None, image_grid_thw=None,
                                 *, continuations, continuation_mask, max_new_tokens: int, num_samples: int,
-                                **sampling) -> SampleOutput:
+                                **decode_kwargs) -> SampleOutput:
     """Returns generations [B*N, T] after prefix b followed by continuation b*N+j ([B*N, C], right-padded).
 
     The Judge's case: the prefix (image, rubric) is encoded once per group, each of the N
     captions is appended to its own copy of the cache, then all rows decode together.
+    decode_kwargs are decode's settings (temperature, top_p, top_k, eos_token_ids, rng, pad_id).
     """
     continuations = np.asarray(continuations)
     width = bucket(continuations.shape[1], minimum=8)
@@ -344,7 +345,7 @@ def generate_with_shared_prefix(cfg: ModelConfig, params, input_ids, attention_m
     prefix = prefill(cfg, params, input_ids, attention_mask, pixel_values, image_grid_thw,
                      reserve=width + max_new_tokens, num_samples=num_samples)
     prefix = extend(cfg, params, prefix, np.pad(continuations, pad), np.pad(np.asarray(continuation_mask), pad))
-    return decode(cfg, params, prefix, max_new_tokens=max_new_tokens, **sampling)
+    return decode(cfg, params, prefix, max_new_tokens=max_new_tokens, **decode_kwargs)
 
 
 def sequence_logprobs(cfg: ModelConfig, params, input_ids, attention_mask, pixel_values=None, image_grid_thw=None, *,
