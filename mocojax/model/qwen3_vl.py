@@ -119,9 +119,7 @@ def prepare_inputs(
 def encode_images(cfg: ModelConfig, params: Params, pixel_values, vision: VisionMeta):
     """Returns (image tokens [I_tok, D], DeepStack features [n_ds, I_tok, D]) of the vision tower."""
     model = _merge(cfg, params)
-    return model.visual(
-        jnp.asarray(pixel_values), vision.rot_pos, vision.interp_idx, vision.interp_w, vision.segment
-    )
+    return model.visual(jnp.asarray(pixel_values), jax.tree.map(jnp.asarray, vision))
 
 
 def scatter_image_tokens(is_image: jnp.ndarray, tokens: jnp.ndarray, base: jnp.ndarray) -> jnp.ndarray:
@@ -168,7 +166,7 @@ def apply(
     x = model.text.embed_tokens(input_ids)
     deepstack = None
     if pixel_values is not None:
-        tokens, ds = model.visual(pixel_values, vision.rot_pos, vision.interp_idx, vision.interp_w, vision.segment)
+        tokens, ds = model.visual(pixel_values, vision)
         is_image = (input_ids == cfg.image_token_id) & (attention_mask > 0)
         x = scatter_image_tokens(is_image, tokens, x)
         if ds.shape[0]:

@@ -139,17 +139,29 @@ def get_rope_index(
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class VisionMeta:
-    """Host-computed, per-patch inputs of the vision tower (all numpy, P patches).
+    """Host-computed, per-patch inputs of the vision tower (all numpy; P patches).
 
     rot_pos [P, 2] (row, col) for the 2-D rope; interp_idx / interp_w [P, 4] taps and weights of
-    the bilinear resampling of the learned position grid; segment [P] the attention block of each
-    patch (one per image and temporal frame; -1 for padding patches).
+    the bilinear resampling of the learned position grid. Attention is block-diagonal per image
+    and temporal frame; instead of a dense [P, P] mask, frames are packed in order into `rows`
+    attention rows of R slots (next-fit, a frame never straddles two rows):
+    segment [P] the frame of each patch (-1 for padding patches), slot [P] its flat index
+    row * R + column in the packed layout, packed_patch [rows, R] the patch in each slot (0 in
+    empty slots), packed_segment [rows, R] the frame of each slot (-2 for empty slots).
+    Attention then costs rows x R² instead of P².
     """
 
     rot_pos: np.ndarray
     interp_idx: np.ndarray
     interp_w: np.ndarray
     segment: np.ndarray
+    slot: np.ndarray
+    packed_patch: np.ndarray
+    packed_segment: np.ndarray
+
+    @property
+    def row_len(self) -> int:
+        return int(self.packed_patch.shape[-1])
 
 
 def _axis_taps(index: np.ndarray, size: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
@@ -164,12 +176,56 @@ def _axis_taps(index: np.ndarray, size: np.ndarray, side: int) -> tuple[np.ndarr
     return np.clip(taps, 0, side - 1), weights
 
 
-def vision_metadata(vision: VisionConfig, image_grid_thw: np.ndarray, pad_to: int | None = None) -> VisionMeta:
-    """Returns the VisionMeta of images with grids [I, 3], patches in the processor's merge-block order."""
+def default_row_len(image_grid_thw) -> int:
+    """Returns the packed attention row length for these images: the next power of two >= the
+    largest frame (h * w patches), at least 16."""
+    grid = np.asarray(image_grid_thw).reshape(-1, 3)
+    largest = int((grid[:, 1] * grid[:, 2]).max()) if len(grid) else 1
+    return max(16, 1 << (largest - 1).bit_length())
+
+
+def _pack(segment: np.ndarray, row_len: int, num_rows: int | None):
+    """Returns (slot [P], packed_patch [rows, R], packed_segment [rows, R]) packing runs of equal
+    segment ids into rows of row_len slots, next-fit; padding patches (-1) fill rows in chunks."""
+    runs, start = [], 0
+    for i in range(1, len(segment) + 1):
+        if i == len(segment) or segment[i] != segment[start] or (segment[start] < 0 and i - start == row_len):
+            runs.append((start, i))
+            start = i
+    slot = np.zeros(len(segment), np.int64)
+    row, fill = 0, 0
+    for a, b in runs:
+        n = b - a
+        if n > row_len:
+            raise ValueError(f"an image frame of {n} patches does not fit attention rows of {row_len} slots")
+        if fill + n > row_len:
+            row, fill = row + 1, 0
+        slot[a:b] = row * row_len + fill + np.arange(n)
+        fill += n
+    used = row + 1 if runs else 0
+    rows = used if num_rows is None else num_rows
+    if rows < used:
+        raise ValueError(f"{used} attention rows needed, only {rows} allowed")
+    packed_patch = np.zeros(rows * row_len, np.int32)
+    packed_segment = np.full(rows * row_len, -2, np.int32)
+    packed_patch[slot] = np.arange(len(segment))
+    packed_segment[slot] = segment
+    return slot.astype(np.int32), packed_patch.reshape(rows, row_len), packed_segment.reshape(rows, row_len)
+
+
+def vision_metadata(
+    vision: VisionConfig, image_grid_thw: np.ndarray, pad_to: int | None = None, row_len: int | None = None
+) -> VisionMeta:
+    """Returns the VisionMeta of images with grids [I, 3], patches in the processor's merge-block order.
+
+    pad_to adds inert padding patches (a bucketed patch count); row_len fixes the packed
+    attention row length (default `default_row_len`), so metadata of different batches stack.
+    """
     merge, side = vision.spatial_merge_size, vision.num_grid_per_side
+    grid = np.asarray(image_grid_thw).reshape(-1, 3)
     rows, cols, heights, widths, segment = [], [], [], [], []
     seg_id = 0
-    for t, h, w in np.asarray(image_grid_thw).reshape(-1, 3).tolist():
+    for t, h, w in grid.tolist():
         hh, ww = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
         # Patches arrive grouped in merge x merge blocks: (block_row, block_col, in_row, in_col).
         block = (h // merge, merge, w // merge, merge)
@@ -181,31 +237,41 @@ def vision_metadata(vision: VisionConfig, image_grid_thw: np.ndarray, pad_to: in
         widths.append(np.full(t * h * w, w))
         segment.append(np.repeat(np.arange(seg_id, seg_id + t), h * w))
         seg_id += t
-    row, col = np.concatenate(rows), np.concatenate(cols)
-    h_taps, h_w = _axis_taps(row, np.concatenate(heights), side)
-    w_taps, w_w = _axis_taps(col, np.concatenate(widths), side)
+    cat = lambda xs, dtype: np.concatenate(xs).astype(dtype) if xs else np.zeros((0,), dtype)
+    row, col = cat(rows, np.int64), cat(cols, np.int64)
+    h_taps, h_w = _axis_taps(row, cat(heights, np.int64), side)
+    w_taps, w_w = _axis_taps(col, cat(widths, np.int64), side)
     idx = (h_taps[:, :, None] * side + w_taps[:, None, :]).reshape(-1, 4)
     wts = (h_w[:, :, None] * w_w[:, None, :]).reshape(-1, 4)
-    meta = VisionMeta(
-        rot_pos=np.stack([row, col], -1).astype(np.int32),
-        interp_idx=idx.astype(np.int32),
-        interp_w=wts.astype(np.float32),
-        segment=np.concatenate(segment).astype(np.int32),
+    return _finish(
+        np.stack([row, col], -1).astype(np.int32), idx.astype(np.int32), wts.astype(np.float32),
+        cat(segment, np.int32), row_len or default_row_len(grid), pad_to,
     )
+
+
+def _finish(rot_pos, interp_idx, interp_w, segment, row_len, pad_to) -> VisionMeta:
+    n = segment.shape[0]
+    num_rows = None
     if pad_to is not None:
-        meta = pad_vision_metadata(meta, pad_to)
-    return meta
+        if pad_to < n:
+            raise ValueError(f"cannot pad {n} patches down to {pad_to}")
+        extra = pad_to - n
+        rot_pos = np.pad(rot_pos, ((0, extra), (0, 0)))
+        interp_idx = np.pad(interp_idx, ((0, extra), (0, 0)))
+        interp_w = np.pad(interp_w, ((0, extra), (0, 0)))
+        segment = np.pad(segment, (0, extra), constant_values=-1)
+        # Next-fit fills more than half of every row but the last, so 2 * ceil(P / R) rows always
+        # suffice: a fixed count for a given (P, R), whatever the images, keeps shapes static.
+        num_rows = 2 * -(-pad_to // row_len)
+    slot, packed_patch, packed_segment = _pack(segment, row_len, num_rows)
+    return VisionMeta(rot_pos, interp_idx, interp_w, segment, slot, packed_patch, packed_segment)
 
 
-def pad_vision_metadata(meta: VisionMeta, num_patches: int) -> VisionMeta:
-    """Returns `meta` padded to `num_patches` with inert patches (segment -1, zero weights)."""
-    n = meta.segment.shape[0]
-    if num_patches < n:
-        raise ValueError(f"cannot pad {n} patches down to {num_patches}")
-    extra = num_patches - n
-    return VisionMeta(
-        rot_pos=np.pad(meta.rot_pos, ((0, extra), (0, 0))),
-        interp_idx=np.pad(meta.interp_idx, ((0, extra), (0, 0))),
-        interp_w=np.pad(meta.interp_w, ((0, extra), (0, 0))),
-        segment=np.pad(meta.segment, (0, extra), constant_values=-1),
+def pad_vision_metadata(meta: VisionMeta, num_patches: int, row_len: int | None = None) -> VisionMeta:
+    """Returns `meta` padded to `num_patches` with inert patches (segment -1, zero weights) and
+    packed into 2 * ceil(num_patches / R) rows of R = row_len (default: meta's) slots."""
+    real = meta.segment >= 0
+    return _finish(
+        meta.rot_pos[real], meta.interp_idx[real], meta.interp_w[real], meta.segment[real],
+        row_len or meta.row_len, num_patches,
     )

@@ -9,7 +9,7 @@ from flax import nnx
 
 from mocojax.model.config import VisionConfig
 from mocojax.model.layers import Dense, LayerNorm, activation, param, scan_layers, stacked
-from mocojax.model.rope import apply_rotary, vision_rope
+from mocojax.model.rope import VisionMeta, apply_rotary, vision_rope
 
 
 class VisionAttention(nnx.Module):
@@ -19,16 +19,23 @@ class VisionAttention(nnx.Module):
         self.proj = Dense(d, d, ("vision_qkv", "vision_embed"), bias=True, param_dtype=param_dtype, dtype=dtype, std=std, rngs=rngs)
         self.num_heads, self.head_dim, self.dtype = v.num_heads, v.head_dim, dtype
 
-    def __call__(self, x, cos, sin, mask):
-        """Returns [P, D] attention output; mask [1, 1, P, P] keeps attention inside each image."""
+    def __call__(self, x, cos, sin, packing):
+        """Returns [P, D] attention output, attending only within each image frame.
+
+        packing = (slot [P], packed_patch [rows, R], mask [rows, 1, R, R]): patches are gathered
+        into packed rows, attend there, and are scattered back (see rope.VisionMeta).
+        """
+        slot, packed_patch, mask = packing
         p = x.shape[0]
         qkv = self.qkv(x).reshape(p, 3, self.num_heads, self.head_dim)
         q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
         # Rotary in float32 as transformers does, then back to the compute dtype.
         q = apply_rotary(q.astype(jnp.float32), cos, sin).astype(self.dtype)
         k = apply_rotary(k.astype(jnp.float32), cos, sin).astype(self.dtype)
-        out = jax.nn.dot_product_attention(q[None], k[None], v[None], mask=mask, scale=self.head_dim**-0.5)
-        return self.proj(out[0].reshape(p, -1))
+        q, k, v = (a[packed_patch] for a in (q, k, v))  # [rows, R, N, H]
+        out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=self.head_dim**-0.5)
+        out = out.reshape(-1, self.num_heads * self.head_dim)[slot]
+        return self.proj(out)
 
 
 class VisionBlock(nnx.Module):
@@ -42,8 +49,8 @@ class VisionBlock(nnx.Module):
         self.fc2 = Dense(v.intermediate_size, d, ("vision_mlp", "vision_embed"), bias=True, std=std, rngs=rngs, **kw)
         self.act = activation(v.hidden_act)
 
-    def __call__(self, x, cos, sin, mask):
-        x = x + self.attn(self.norm1(x), cos, sin, mask)
+    def __call__(self, x, cos, sin, packing):
+        x = x + self.attn(self.norm1(x), cos, sin, packing)
         return x + self.fc2(self.act(self.fc1(self.norm2(x))))
 
 
@@ -76,7 +83,7 @@ class VisionModel(nnx.Module):
         num_ds = len(v.deepstack_visual_indexes)
         self.deepstack_mergers = stacked(num_ds, lambda r: PatchMerger(v, postshuffle_norm=True, rngs=r, **kw))(rngs) if num_ds else None
 
-    def __call__(self, pixel_values, rot_pos, interp_idx, interp_w, segment):
+    def __call__(self, pixel_values, meta: VisionMeta):
         """Returns (tokens [P/m², D_text], deepstack [n_ds, P/m², D_text]) for patches [P, patch_dim].
 
         Layers run as one lax.scan per stretch between DeepStack taps, so depth costs no
@@ -84,13 +91,14 @@ class VisionModel(nnx.Module):
         """
         v = self.config
         x = self.patch_embed(pixel_values)
-        pos = (self.pos_embed[...][interp_idx].astype(jnp.float32) * interp_w[..., None]).sum(1)
+        pos = (self.pos_embed[...][meta.interp_idx].astype(jnp.float32) * meta.interp_w[..., None]).sum(1)
         x = x + pos.astype(self.dtype)
-        cos, sin = vision_rope(v, rot_pos)
-        mask = (segment[:, None] == segment[None, :])[None, None]
+        cos, sin = vision_rope(v, meta.rot_pos)
+        same_frame = meta.packed_segment[:, :, None] == meta.packed_segment[:, None, :]
+        packing = (meta.slot, meta.packed_patch, same_frame[:, None])
 
         def block(layer, h, _):
-            return layer(h, cos, sin, mask), None
+            return layer(h, cos, sin, packing), None
 
         features, start = [], 0
         for tap in v.deepstack_visual_indexes:

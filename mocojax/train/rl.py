@@ -36,8 +36,9 @@ from mocojax.train import rl_config, rollout as rollout_lib
 from mocojax.train import state as state_lib
 
 
-def _pad_prompt(prompt, length, patches):
-    """Returns a sampling.Prompt left-padded to `length` tokens and `patches` image patches."""
+def _pad_prompt(prompt, length, patches, row_len):
+    """Returns a sampling.Prompt left-padded to `length` tokens and `patches` image patches
+    (vision attention packed in rows of `row_len` slots, so micro-batches stack)."""
     extra = length - prompt.input_ids.shape[1]
     left = lambda x, axis: np.pad(x, [(extra, 0) if a == axis else (0, 0) for a in range(x.ndim)])
     pixel_values = np.pad(prompt.pixel_values,
@@ -45,7 +46,7 @@ def _pad_prompt(prompt, length, patches):
     return dataclasses.replace(
         prompt, input_ids=left(prompt.input_ids, 1), attention_mask=left(prompt.attention_mask, 1),
         positions=left(prompt.positions, 2), pixel_values=pixel_values,
-        vision=pad_vision_metadata(prompt.vision, patches))
+        vision=pad_vision_metadata(prompt.vision, patches, row_len))
 
 
 def train_batch(cfg, rollout, rl):
@@ -73,7 +74,8 @@ def train_batch(cfg, rollout, rl):
             reserve=num_new))
     length = max(p.input_ids.shape[1] for p in prompts)
     patches = max(p.pixel_values.shape[0] for p in prompts)
-    prompts = [_pad_prompt(p, length, patches) for p in prompts]
+    row_len = max(p.vision.row_len for p in prompts)
+    prompts = [_pad_prompt(p, length, patches, row_len) for p in prompts]
 
     signal = np.repeat(rollout.has_signal, rl.num_samples)  # [G*N]
     mask = rollout.completion_mask * signal[:, None]

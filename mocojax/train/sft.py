@@ -20,7 +20,7 @@ from mocojax import checkpoint, config_utils, losses, model, sharding
 from mocojax import metrics as metrics_lib
 from mocojax.data import pipeline
 from mocojax.data import records as records_lib
-from mocojax.model.rope import VisionMeta, pad_vision_metadata
+from mocojax.model.rope import default_row_len, pad_vision_metadata
 from mocojax.train import state as state_lib
 
 NUM_ROLES = len(records_lib.ROLES)
@@ -28,11 +28,6 @@ NUM_ROLES = len(records_lib.ROLES)
 
 def _next_power_of_two(n):
     return 1 << max(0, int(n) - 1).bit_length()
-
-
-def _empty_vision_meta():
-    return VisionMeta(rot_pos=np.zeros((0, 2), np.int32), interp_idx=np.zeros((0, 4), np.int32),
-                      interp_w=np.zeros((0, 4), np.float32), segment=np.zeros((0,), np.int32))
 
 
 def micro_batches(cfg, batch, num_micro, max_patches=None):
@@ -59,13 +54,14 @@ def micro_batches(cfg, batch, num_micro, max_patches=None):
     num_patches = max_patches or _next_power_of_two(max(need, 1))
     if need > num_patches:
         raise ValueError(f"a micro-batch holds {need} image patches, more than data.max_patches={max_patches}")
+    row_len = default_row_len(grid)  # one packed attention row length, so micro-batches stack
     out = {k: [] for k in ("input_ids", "attention_mask", "loss_mask", "role", "positions", "pixel_values", "vision")}
     for a, (i0, i1) in enumerate(spans):
         part = slice(a * size, (a + 1) * size)
         sub_grid = grid[i0:i1] if i1 > i0 else None
         inputs = model.prepare_inputs(cfg, input_ids[part], batch["attention_mask"][part], sub_grid,
                                       batch["mm_token_type_ids"][part])
-        vision = (model.vision_metadata(cfg.vision, sub_grid) if i1 > i0 else _empty_vision_meta())
+        vision = model.vision_metadata(cfg.vision, grid[i0:i1], row_len=row_len)
         pixels = np.zeros((num_patches, cfg.vision.patch_dim), np.float32)
         if i1 > i0:
             pixels[:patch_start[i1] - patch_start[i0]] = batch["pixel_values"][patch_start[i0]:patch_start[i1]]
