@@ -15,6 +15,9 @@ import orbax.checkpoint as ocp
 from mocojax import hf, model
 
 
+_READ_ONLY = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False)
+
+
 def stage_dir(workdir, stage):
     """Returns the directory holding a stage's checkpoints."""
     return os.path.join(os.path.abspath(workdir), "checkpoints", stage)
@@ -70,14 +73,14 @@ def latest_step(workdir, stage):
     path = stage_dir(workdir, stage)
     if not os.path.isdir(path):
         return None
-    with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(read_only=True)) as manager:
+    with ocp.CheckpointManager(path, options=_READ_ONLY) as manager:
         return manager.latest_step()
 
 
 def restore_params(workdir, stage, cfg, step=None):
     """Returns (params, step) of a stage's checkpoint (the latest when step is None)."""
     path = stage_dir(workdir, stage)
-    with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(read_only=True),
+    with ocp.CheckpointManager(path, options=_READ_ONLY,
                                item_names=("params", "state", "extra")) as manager:
         step = manager.latest_step() if step is None else step
         if step is None:
