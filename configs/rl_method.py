@@ -10,14 +10,10 @@ copy its checkpoints/sft folder. Other ablations: configs/rl_*.py.
 """
 
 from configs import toyworld
-from mocojax.train import rl_config
 
 
 def get_config(arg=""):
-    """Returns configs/toyworld.py with the `rl` block and the stages sft -> rl -> eval."""
+    """Returns configs/toyworld.py (the method is the default) without the HF export stage."""
     config = toyworld.get_config(arg)
-    config.rl = rl_config.rl_defaults(tiny=arg == "tiny")
     config.stages = ("sft", "rl", "eval")
-    config.eval.stage = "rl"
-    config.export.stage = "rl"
     return config

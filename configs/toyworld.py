@@ -1,20 +1,25 @@
-"""Toy world: Stage I multi-role SFT of a tiny Qwen3-VL-shaped model, then toy-world eval and HF export.
+"""Toy world, the method end to end: Stage I multi-role SFT of a tiny Qwen3-VL-shaped model,
+Stage II Policy RL with online rubrics from EMA roles (shared init, m = 0.99, H = 1), held-out
+toy-world eval of the RL Policy, HF export.
 
-  python -m mocojax.main --config configs/toyworld.py --workdir /tmp/toyworld
+  python -m mocojax.main --config configs/toyworld.py --workdir runs/toyworld
   python -m mocojax.main --config configs/toyworld.py:tiny --workdir /tmp/toy_tiny   # seconds, for tests
 
-Overrides: --config.sft.num_steps=100 --config.optimizer.lr=1e-3 --config.stages='("sft",)'.
-Rerunning with the same --workdir resumes from the latest checkpoint.
+Overrides: --config.sft.num_steps=100 --config.optimizer.lr=1e-3 --config.stages='("sft", "eval")'
+--config.eval.stage=sft; (m, H): --config.rl.momentum=0.99 --config.rl.sync_every=5.
+Rerunning with the same --workdir resumes from the latest checkpoint. Ablations: configs/rl_*.py.
 """
 
 import ml_collections
+
+from mocojax.train import rl_config
 
 
 def get_config(arg=""):
     """Returns the toy-world config; arg "tiny" shrinks model, data and steps for a smoke run."""
     config = ml_collections.ConfigDict()
     config.seed = 0
-    config.stages = ("sft", "eval", "export")
+    config.stages = ("sft", "rl", "eval", "export")
     config.mesh = ""  # "" : sharding.DEFAULT_MESH over all devices; e.g. "fsdp=4,tensor=2"
 
     config.model = ml_collections.ConfigDict()
@@ -63,15 +68,17 @@ def get_config(arg=""):
     config.sft.keep_checkpoints = 2
 
     config.eval = ml_collections.ConfigDict()
-    config.eval.stage = "sft"  # whose latest checkpoint the eval stage scores
+    config.eval.stage = "rl"  # whose latest checkpoint the eval stage scores
     config.eval.num_scenes = 50
     config.eval.batch_size = 25
     config.eval.max_new_tokens = 128
 
     config.export = ml_collections.ConfigDict()
-    config.export.stage = "sft"
+    config.export.stage = "rl"
     config.export.step = -1  # -1: the latest checkpoint
     config.export.out_dir = ""  # empty: <workdir>/hf
+
+    config.rl = rl_config.rl_defaults(tiny=arg == "tiny")
 
     if arg == "tiny":
         config.model.tiny = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,

@@ -13,6 +13,7 @@ import jax
 from mocojax import hf, model, processing, sharding
 from mocojax.data import records as records_lib
 from mocojax.data import toyroles
+from mocojax.train import rl_config
 
 DATA_SOURCES = ("toyworld", "jsonl")
 DTYPES = ("float32", "bfloat16")
@@ -102,6 +103,10 @@ def validate(config, stages):
     _check(config, "eval.stage", lambda v: v in ("sft", "rl"), "must be 'sft' or 'rl'")
     _check(config, "export.stage", lambda v: v in ("sft", "rl"), "must be 'sft' or 'rl'")
     _check(config, "export.step", lambda v: isinstance(v, int) and v >= -1, "must be -1 (latest) or a step")
+    if "rl" in config.stages:
+        if "rl" not in config:
+            _fail("rl", None, "the rl stage needs an `rl` block (mocojax.train.rl_config.rl_defaults)")
+        rl_config.validate(config.rl)
 
 
 @dataclasses.dataclass
