@@ -22,6 +22,14 @@ def get_config(arg=""):
     config.stages = ("sft", "rl", "eval", "export")
     config.mesh = ""  # "" : sharding.DEFAULT_MESH over all devices; e.g. "fsdp=4,tensor=2"
 
+    # Multi-host (mocojax.distributed.initialize): unset address / ids fall back to the
+    # MOCOJAX_* variables of launch/local_multiprocess.sh, then to SLURM / TPU pod detection.
+    config.distributed = ml_collections.ConfigDict()
+    config.distributed.enabled = False
+    config.distributed.coordinator_address = ml_collections.config_dict.placeholder(str)  # "host:port"
+    config.distributed.num_processes = ml_collections.config_dict.placeholder(int)
+    config.distributed.process_id = ml_collections.config_dict.placeholder(int)
+
     config.model = ml_collections.ConfigDict()
     config.model.init_from = ""  # empty: a fresh `model.tiny(**tiny)` sized to the toy tokenizer
     config.model.tiny = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,

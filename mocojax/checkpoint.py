@@ -78,7 +78,13 @@ def latest_step(workdir, stage):
 
 
 def restore_params(workdir, stage, cfg, step=None):
-    """Returns (params, step) of a stage's checkpoint (the latest when step is None)."""
+    """Returns (params, step) of a stage's checkpoint (the latest when step is None).
+
+    Arrays keep their saved sharding when this run has the devices it was saved on; otherwise
+    (e.g. a 2-process checkpoint read by one process) they come back replicated on every device.
+    """
+    replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(jax.devices(), ("devices",)),
+                                            jax.sharding.PartitionSpec())
     path = stage_dir(workdir, stage)
     with ocp.CheckpointManager(path, options=_READ_ONLY,
                                item_names=("params", "state", "extra")) as manager:
@@ -86,7 +92,7 @@ def restore_params(workdir, stage, cfg, step=None):
         if step is None:
             raise FileNotFoundError(f"no {stage} checkpoint under {path}")
         restored = manager.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(model.abstract_params(cfg))))
+            params=ocp.args.StandardRestore(model.abstract_params(cfg), fallback_sharding=replicated)))
     return restored["params"], step
 
 

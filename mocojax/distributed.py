@@ -76,6 +76,38 @@ def global_batch(local_batch, shardings):
     return jax.tree.map(lambda s, x: jax.make_array_from_process_local_data(s, np.asarray(x)), shardings, local_batch)
 
 
+def global_from_full(full_batch, shardings):
+    """Returns global jax.Arrays of a batch that every process holds in full (same tree as shardings).
+
+    Each process copies only the blocks its own devices hold, so any mesh layout works.
+    """
+    return jax.tree.map(lambda s, x: jax.make_array_from_callback(np.shape(x), s, lambda idx, x=x: np.asarray(x)[idx]),
+                        shardings, full_batch)
+
+
+def process_max(value: int) -> int:
+    """Returns the largest of every process's integer `value`."""
+    if jax.process_count() == 1:
+        return int(value)
+    return int(np.max(multihost_utils.process_allgather(np.int32(value))))
+
+
+def gather_rows(local: np.ndarray) -> np.ndarray:
+    """Returns every process's array concatenated along axis 0 in process order (the other dims must agree).
+
+    Leading sizes may differ between processes (e.g. image patches [P_i, D]); the dtype is kept.
+    """
+    if jax.process_count() == 1:
+        return local
+    local = np.asarray(local)
+    sizes = np.asarray(multihost_utils.process_allgather(np.int32(local.shape[0])))
+    # process_allgather needs one shape everywhere: pad to the longest, then cut each back.
+    padded = np.zeros((max(int(sizes.max()), 1), *local.shape[1:]), local.dtype)
+    padded[:len(local)] = local
+    gathered = np.asarray(multihost_utils.process_allgather(padded))
+    return np.concatenate([part[:n] for part, n in zip(gathered, sizes)]).astype(local.dtype)
+
+
 def fetch(tree):
     """Returns the tree as numpy arrays holding the full global values, on every process."""
     return jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)), tree)

@@ -15,7 +15,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from mocojax import checkpoint, config_utils
+from mocojax import checkpoint, config_utils, distributed
 from mocojax.train import sft
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:arg]).",
@@ -64,8 +64,9 @@ def run(config, workdir):
     """Validates the config, then runs its stages in order; returns {stage: final metrics}."""
     config_utils.validate(config, STAGES)
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        f.write(config.to_json_best_effort(indent=1))
+    if distributed.is_main():
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            f.write(config.to_json_best_effort(indent=1))
     results = {}
     for stage in config.stages:
         logging.info("stage %s", stage)
@@ -80,6 +81,8 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
+    # Before validation: it counts devices, and jax.distributed must start before any device use.
+    distributed.initialize(_CONFIG.value.get("distributed"))
     run(_CONFIG.value, _WORKDIR.value)
 
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mocojax import checkpoint, config_utils, losses, model, sharding
+from mocojax import checkpoint, config_utils, distributed, losses, model, sharding
 from mocojax import metrics as metrics_lib
 from mocojax.data import pipeline
 from mocojax.data import records as records_lib
@@ -148,11 +148,38 @@ def make_train_step(cfg, optimizer, mesh, state_shardings, example_batch):
                                    batch_shardings, mesh)
 
 
-def evaluate_loss(cfg, params, eval_step_fn, batches, num_micro, max_patches):
-    """Returns held-out mean NLL overall and per role over an iterable of host batches."""
+def global_host_batch(host_batch, pad_token_id, patch_dim):
+    """Returns the global batch (every process's host batch, rows in process order), on every process.
+
+    Each process renders only its own rows; they are gathered because image patches and their
+    metadata are replicated over the mesh (not split by row), so every process needs all of them.
+    Rows are padded to the longest process's length bucket, the one a single process would pick.
+    """
+    if jax.process_count() == 1:
+        return host_batch
+    batch = pipeline.pad_to(host_batch, distributed.process_max(host_batch["input_ids"].shape[1]), pad_token_id)
+    # A process without images must still join the gathers of the image fields.
+    if batch["image_grid_thw"] is None:
+        batch["image_grid_thw"] = np.zeros((0, 3), np.int64)
+    if batch["pixel_values"] is None:
+        batch["pixel_values"] = np.zeros((0, patch_dim), np.float32)
+    batch = {k: distributed.gather_rows(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+    if not len(batch["image_grid_thw"]):
+        batch["image_grid_thw"] = batch["pixel_values"] = None
+    return batch
+
+
+def device_batch(cfg, mesh, host_batch, num_micro, max_patches):
+    """Returns the micro-batched global batch (jax.Arrays sharded by BATCH_DIMS) of a global host batch."""
+    batch = micro_batches(cfg, host_batch, num_micro, max_patches)
+    return distributed.global_from_full(batch, sharding.batch_shardings(batch, mesh, BATCH_DIMS))
+
+
+def evaluate_loss(eval_step_fn, params, batches):
+    """Returns held-out mean NLL overall and per role over an iterable of device batches."""
     total = None
     for batch in batches:
-        out = jax.device_get(eval_step_fn(params, micro_batches(cfg, batch, num_micro, max_patches)))
+        out = jax.device_get(eval_step_fn(params, batch))
         total = out if total is None else jax.tree.map(np.add, total, out)
     result = {"eval/loss": float(total["nll"] / max(total["tokens"], 1.0))}
     for r, name in enumerate(records_lib.ROLES):
@@ -209,24 +236,30 @@ def run_sft(config, workdir):
         logging.info("resumed SFT from step %d", int(state["step"]))
     start = int(state["step"])
     step_fn = None
-    eval_fn = jax.jit(functools.partial(eval_step, cfg))
+    eval_fn = jax.jit(functools.partial(eval_step, cfg), out_shardings=sharding.replicated(mesh))
+    pad_token_id = setup.processor.pad_token_id
+
+    def device_batches(host_batches):
+        for host_batch in host_batches:
+            yield device_batch(cfg, mesh, global_host_batch(host_batch, pad_token_id, cfg.vision.patch_dim), num_micro,
+                               data_config.max_patches)
+
     writer = metrics_lib.MetricWriter(workdir, "sft", total_steps=sft.num_steps, initial_step=start)
     last = {}
     for step in range(start + 1, sft.num_steps + 1):
         t0 = time.perf_counter()
-        host_batch = next(data_iter)
-        batch = micro_batches(cfg, host_batch, num_micro, data_config.max_patches)
+        host_batch = global_host_batch(next(data_iter), pad_token_id, cfg.vision.patch_dim)
+        batch = device_batch(cfg, mesh, host_batch, num_micro, data_config.max_patches)
         step_fn = step_fn or make_train_step(cfg, optimizer, mesh, state_shardings, batch)
         state, step_metrics = step_fn(state, batch)
         last = _host_metrics(jax.device_get(step_metrics))
         seconds = time.perf_counter() - t0
         skipped += int(last["skipped"])
-        tokens = int(host_batch["attention_mask"].sum()) * process_count
+        tokens = int(host_batch["attention_mask"].sum())
         last.update(skipped_total=skipped, tokens_per_s=tokens / seconds, step_time_s=seconds,
                     lr=float(schedule(step - 1)))
         if eval_examples and (step % sft.eval_every == 0 or step == sft.num_steps):
-            last.update(evaluate_loss(cfg, state["params"], eval_fn, iter(dataset(eval_examples, 0, 1)),
-                                      num_micro, data_config.max_patches))
+            last.update(evaluate_loss(eval_fn, state["params"], device_batches(dataset(eval_examples, 0, 1))))
         writer.write(step, last, tokens=tokens)
         if step % sft.checkpoint_every == 0 or step == sft.num_steps:
             manager.save(step, state, {"data": data_iter.get_state(), "skipped": skipped})
