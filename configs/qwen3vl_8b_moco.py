@@ -35,6 +35,7 @@ def get_config(arg=""):
     config.data.max_pixels = 1024 * 28 * 28
     config.data.max_length = 2048
     config.data.length_buckets = (512, 1024, 1536, 2048)
+    config.data.group_by_role = False  # mixed-role batches, as the paper
     config.data.max_patches = ml_collections.config_dict.placeholder(int)
 
     config.optimizer.lr = 1e-5

@@ -82,6 +82,7 @@ def validate(config, stages):
     _check(config, "data.image_size", _positive_int, "must be a positive int")
     _check(config, "data.length_buckets", lambda v: len(v) > 0 and all(_positive_int(b) for b in v)
            and list(v) == sorted(set(v)), "must be increasing positive ints")
+    _check(config, "data.group_by_role", lambda v: isinstance(v, bool), "must be True or False")
     _check(config, "data.max_patches", lambda v: v is None or _positive_int(v), "must be None or a positive int")
     opt = "optimizer."
     _check(config, opt + "lr", lambda v: v > 0, "must be > 0")

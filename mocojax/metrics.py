@@ -40,7 +40,9 @@ class MetricWriter:
         self._tokens += tokens
         if not self.enabled:
             return
-        self._jsonl.write(json.dumps({"stage": self.stage, "step": step, "time": time.time(), **scalars}) + "\n")
+        # Strict JSON: a non-finite value (a NaN loss, a role absent from the batch) is written as null.
+        record = {k: (v if math.isfinite(v) else None) for k, v in scalars.items()}
+        self._jsonl.write(json.dumps({"stage": self.stage, "step": step, "time": time.time(), **record}) + "\n")
         self._jsonl.flush()
         for key, value in scalars.items():
             if math.isfinite(value):
@@ -56,7 +58,8 @@ class MetricWriter:
         rows = [("metric", "first", "last", "min")]
         for key in sorted(self.history):
             values = [v for _, v in self.history[key]]
-            rows.append((key, f"{values[0]:.4g}", f"{values[-1]:.4g}", f"{min(values):.4g}"))
+            finite = [v for v in values if math.isfinite(v)]
+            rows.append((key, f"{values[0]:.4g}", f"{values[-1]:.4g}", f"{min(finite):.4g}" if finite else "nan"))
         rows.append(("wall time (s)", "", f"{time.perf_counter() - self._start:.1f}", ""))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]

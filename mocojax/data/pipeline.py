@@ -69,20 +69,46 @@ class RenderSFT:
         return batch
 
 
+def role_batches(examples, global_batch_size, seed):
+    """Returns global batches (lists of examples) that each hold one role.
+
+    Each role's examples are shuffled by `seed` and cut into full batches (the remainder is
+    dropped); roles then keep their share of the batches (the 2:1:1 mix becomes a 2:1:1 mix
+    of batches). Short Policy rows no longer pad to the Generator's 400-550 tokens.
+    """
+    rng = np.random.default_rng(seed)
+    batches = []
+    for role in records_lib.ROLES:
+        rows = [e for e in examples if e["role"] == role]
+        order = rng.permutation(len(rows))
+        batches += [[rows[i] for i in order[j:j + global_batch_size]]
+                    for j in range(0, len(rows) - global_batch_size + 1, global_batch_size)]
+    if not batches:
+        raise ValueError(f"no role has {global_batch_size} examples to fill one batch")
+    return batches
+
+
 def sft_dataset(examples, processor, *, global_batch_size, seed, num_epochs=None,
-                process_index=0, process_count=1, buckets=DEFAULT_BUCKETS, image_size=128):
+                process_index=0, process_count=1, buckets=DEFAULT_BUCKETS, image_size=128,
+                group_by_role=False):
     """Returns a grain IterDataset of this host's SFT batches (dicts of numpy arrays).
 
     Each batch has global_batch_size // process_count rows: input_ids, attention_mask,
     mm_token_type_ids, loss_mask [B, L] with L a length bucket, pixel_values [P, 1536],
     image_grid_thw [I, 3] (None when no row has an image), truncated [B] and role [B]
     (index into records.ROLES, for per-role losses). The last partial global batch of the
-    run is dropped. num_epochs=None repeats forever.
+    run is dropped. num_epochs=None repeats forever. group_by_role: every batch holds one role
+    (`role_batches`; batch order reshuffled every epoch, compositions fixed), so each pads to
+    its own role's length bucket.
     """
     if not examples:
         raise ValueError("no examples to train on")
-    dataset = grain.MapDataset.source(list(examples)).shuffle(seed=seed).repeat(num_epochs)
-    dataset = dataset.batch(global_batch_size, drop_remainder=True, batch_fn=list)
+    if group_by_role:
+        dataset = grain.MapDataset.source(role_batches(examples, global_batch_size, seed))
+        dataset = dataset.shuffle(seed=seed).repeat(num_epochs)
+    else:
+        dataset = grain.MapDataset.source(list(examples)).shuffle(seed=seed).repeat(num_epochs)
+        dataset = dataset.batch(global_batch_size, drop_remainder=True, batch_fn=list)
     dataset = dataset.map(lambda batch: host_slice(batch, process_index, process_count))
     dataset = dataset.map(RenderSFT(processor, buckets, image_size))
     return dataset.to_iter_dataset()

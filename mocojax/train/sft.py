@@ -115,7 +115,8 @@ def _accumulate(cfg, params, batch, with_grad):
 def _role_metrics(role_nll, role_tokens):
     out = {}
     for r, name in enumerate(records_lib.ROLES):
-        out[f"loss_{name}"] = role_nll[r] / jnp.maximum(role_tokens[r], 1.0)
+        # NaN, not 0, for a role absent from the batch (role-grouped batches hold one role).
+        out[f"loss_{name}"] = jnp.where(role_tokens[r] > 0, role_nll[r] / jnp.maximum(role_tokens[r], 1.0), jnp.nan)
         out[f"tokens_{name}"] = role_tokens[r]
     return out
 
@@ -210,13 +211,14 @@ def run_sft(config, workdir):
     process_index, process_count = jax.process_index(), jax.process_count()
     num_micro = sft.grad_accum_steps
 
-    def dataset(examples, seed, num_epochs):
+    def dataset(examples, seed, num_epochs, group_by_role=False):
         return pipeline.sft_dataset(examples, setup.processor, global_batch_size=sft.global_batch_size,
                                     seed=seed, num_epochs=num_epochs, process_index=process_index,
                                     process_count=process_count, buckets=tuple(data_config.length_buckets),
-                                    image_size=data_config.image_size)
+                                    image_size=data_config.image_size,
+                                    group_by_role=group_by_role)
 
-    data_iter = iter(dataset(train_examples, data_config.seed, None))
+    data_iter = iter(dataset(train_examples, data_config.seed, None, data_config.group_by_role))
     manager = checkpoint.Manager(workdir, "sft", keep=sft.keep_checkpoints)
     state_shardings = sharding.train_state_shardings(cfg, mesh, optimizer, with_momentum=False)
     abstract = jax.eval_shape(lambda: state_lib.init_state(
