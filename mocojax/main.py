@@ -11,6 +11,7 @@ import json
 import logging
 import os
 
+import jax
 from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
@@ -58,11 +59,15 @@ def run_export(config, workdir):
 
 
 STAGES = {"sft": sft.run_sft, "rl": run_rl, "eval": run_eval, "export": run_export}
+MULTI_HOST_STAGES = ("sft",)
 
 
 def run(config, workdir):
     """Validates the config, then runs its stages in order; returns {stage: final metrics}."""
     config_utils.validate(config, STAGES)
+    if jax.process_count() > 1 and set(config.stages) - set(MULTI_HOST_STAGES):
+        raise ValueError(f"config.stages={tuple(config.stages)}: only {MULTI_HOST_STAGES} run on several processes; "
+                         "run the other stages as a single-process command on the same --workdir")
     os.makedirs(workdir, exist_ok=True)
     if distributed.is_main():
         with open(os.path.join(workdir, "config.json"), "w") as f:
