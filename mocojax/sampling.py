@@ -27,6 +27,7 @@ import numpy as np
 
 from mocojax import model
 from mocojax.model import ModelConfig, VisionMeta
+from mocojax.losses import token_logprobs  # log_softmax at the sampled token, float32, temperature 1
 
 def bucket(n: int, minimum: int = 16) -> int:
     """Returns the padded size of n: a power of two >= minimum up to 1024, then a multiple of 1024."""
@@ -114,12 +115,6 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, sampler: Sampler) -> jax.A
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     filtered = filter_logits(logits, sampler.temperature, sampler.top_k, sampler.top_p)
     return jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
-
-
-def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-    """Returns log_softmax(logits [..., V]) at tokens [...] (float32, temperature 1)."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
 
 
 # ----------------------------------------------------------------------------- host preparation
