@@ -120,12 +120,7 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, sampler: Sampler) -> jax.A
 # ----------------------------------------------------------------------------- host preparation
 def prepare_prompt(cfg: ModelConfig, input_ids, attention_mask=None, pixel_values=None, image_grid_thw=None, *, reserve: int) -> Prompt:
     """Returns the bucketed Prompt of a left-padded batch; raises ValueError on bad or too long input."""
-    ids = np.asarray(input_ids)
-    if ids.ndim != 2:
-        raise ValueError(f"input_ids must be [B, L], got shape {ids.shape}")
-    mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask)
-    if mask.shape != ids.shape:
-        raise ValueError(f"attention_mask shape {mask.shape} != input_ids shape {ids.shape}")
+    ids, mask = model.check_ids_and_mask(input_ids, attention_mask)
     if (np.diff(mask.astype(np.int8), axis=1) < 0).any() or not mask[:, -1].all():
         raise ValueError("prompts must be left-padded: attention_mask must be 0...0 1...1 on every row")
     if (pixel_values is None) != (image_grid_thw is None):

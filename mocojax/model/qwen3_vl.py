@@ -83,6 +83,17 @@ class ModelInputs:
     vision: VisionMeta | None
 
 
+def check_ids_and_mask(input_ids, attention_mask) -> tuple[np.ndarray, np.ndarray]:
+    """Returns (input_ids, attention_mask) as numpy [B, L] (mask all ones when None); raises on bad shapes."""
+    input_ids = np.asarray(input_ids)
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [B, L], got shape {input_ids.shape}")
+    attention_mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask shape {attention_mask.shape} != input_ids shape {input_ids.shape}")
+    return input_ids, attention_mask
+
+
 def prepare_inputs(
     cfg: ModelConfig,
     input_ids,
@@ -93,12 +104,7 @@ def prepare_inputs(
     pad_patches_to: int | None = None,
 ) -> ModelInputs:
     """Returns the host-side ModelInputs of a batch, with clear errors for inconsistent image inputs."""
-    input_ids = np.asarray(input_ids)
-    if input_ids.ndim != 2:
-        raise ValueError(f"input_ids must be [B, L], got shape {input_ids.shape}")
-    attention_mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask shape {attention_mask.shape} != input_ids shape {input_ids.shape}")
+    input_ids, attention_mask = check_ids_and_mask(input_ids, attention_mask)
     is_image = (input_ids == cfg.image_token_id) & (attention_mask > 0)
     vision = None
     if image_grid_thw is not None:
@@ -203,8 +209,8 @@ def forward(cfg: ModelConfig, params: Params, input_ids, attention_mask, pixel_v
     Positions come from `get_rope_index` on the host, so left padding (attention_mask 0)
     never shifts them. pixel_values / image_grid_thw are what the Qwen3-VL image processor returns.
     """
+    input_ids, attention_mask = check_ids_and_mask(input_ids, attention_mask)
     inputs = prepare_inputs(cfg, input_ids, attention_mask, image_grid_thw, mm_token_type_ids)
-    attention_mask = np.ones_like(np.asarray(input_ids)) if attention_mask is None else attention_mask
     if (pixel_values is None) != (image_grid_thw is None):
         raise ValueError("pixel_values and image_grid_thw must be given together")
     if pixel_values is not None:
