@@ -79,9 +79,18 @@ def run(config, workdir):
     return results
 
 
+class _DropReadOnlyNotice(logging.Filter):
+    """Drops orbax's warning that a checkpoint directory is read only: eval and export open
+    checkpoints read only on purpose, so the line says nothing a user should act on."""
+
+    def filter(self, record):
+        return "Given directory is read only" not in record.getMessage()
+
+
 def main(argv):
     # orbax logs every checkpoint step at INFO; --verbosity=0 brings it back.
     absl_logging.set_verbosity(absl_logging.WARNING)
+    absl_logging.get_absl_logger().addFilter(_DropReadOnlyNotice())
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _WORKDIR.value is None:
