@@ -20,7 +20,7 @@ The parsers never raise on model output: whatever they cannot use is reported in
 
 import math
 import re
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 

@@ -66,7 +66,7 @@ def param_axes(cfg: ModelConfig) -> Params:
     """Returns the parameter tree with each leaf replaced by its tuple of logical axis names."""
     state = _abstract(cfg)[1]
     axes = jax.tree.map(lambda v: tuple(v.out_sharding), state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    return nnx.to_pure_dict(axes) if not isinstance(axes, dict) else axes
+    return nnx.to_pure_dict(axes)
 
 
 def count_params(params: Params) -> int:
