@@ -109,8 +109,17 @@ def gather_rows(local: np.ndarray) -> np.ndarray:
 
 
 def fetch(tree):
-    """Returns the tree as numpy arrays holding the full global values, on every process."""
-    return jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)), tree)
+    """Returns the tree as numpy arrays holding the full global values, on every process.
+
+    Arrays this process holds whole (one process, or replicated ones) are copied directly;
+    the others are gathered from every process (a collective: every process must call it).
+    """
+    def one(x):
+        if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+            return np.asarray(x)
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    return jax.tree.map(one, tree)
 
 
 def sync(name: str) -> None:

@@ -10,6 +10,13 @@ Three jitted programs do everything, each compiled once per bucketed shape:
 * decode: samples up to T tokens per row in one `lax.while_loop` over a donated state and stops
   as soon as every row has emitted an EOS id.
 
+Sharded params (a NamedSharding over several devices, e.g. a trainer's FSDP state) put the
+sampler on their mesh: prompts, continuations and keys become global arrays with rows over the
+data axes, so every jitted program runs on the whole mesh, and on every process of a
+multi-host run (each must call with the same inputs; read the outputs with
+`distributed.fetch`). generate, generate_with_shared_prefix and sequence_logprobs add filler
+rows up to a multiple of the data-parallel size and drop them from the result.
+
 Logprobs are always under the model's unscaled softmax, log_softmax(logits) at temperature 1,
 whatever temperature / top-k / top-p drew the token: that is the probability GRPO's importance
 ratio and KL need. Slots after a row's end hold `pad_id` and logprob 0; `lengths` counts the
@@ -25,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mocojax import model
+from mocojax import distributed, model, sharding
 from mocojax.model import ModelConfig, VisionMeta
 from mocojax.losses import token_logprobs  # log_softmax at the sampled token, float32, temperature 1
 
@@ -288,16 +295,86 @@ def _check_room(prefix: Prefix, needed: int) -> None:
         raise ValueError(f"the cache has {size - prefix.next_slot} free slots, {needed} are needed")
 
 
+# ----------------------------------------------------------------------------- mesh placement
+def _rows(mesh, x, dim=0):
+    """Returns host array x on `mesh` with dim `dim` over the data axes where they divide (as is without a mesh)."""
+    x = np.asarray(x)
+    if mesh is None:
+        return jnp.asarray(x)
+    return distributed.global_from_full(x, sharding.batch_sharding(mesh, x.shape, dim, strict=False))
+
+
+def place_prompt(mesh, prompt: Prompt, *, stacked: bool = False) -> Prompt:
+    """Returns the Prompt as global arrays on `mesh`: rows over the data axes (replicated where they
+    do not divide), image patches and metadata replicated; unchanged when mesh is None.
+
+    stacked: the prompt carries a leading micro-batch axis [A, ...] (the RL update's batch).
+    """
+    if mesh is None:
+        return prompt
+    lead = int(stacked)
+    whole = lambda tree: jax.tree.map(lambda x: distributed.global_from_full(x, sharding.replicated(mesh)), tree)
+    return dataclasses.replace(
+        prompt, input_ids=_rows(mesh, prompt.input_ids, lead), attention_mask=_rows(mesh, prompt.attention_mask, lead),
+        positions=_rows(mesh, prompt.positions, lead + 1), next_position=_rows(mesh, prompt.next_position, lead),
+        pixel_values=None if prompt.pixel_values is None else whole(prompt.pixel_values),
+        vision=None if prompt.vision is None else whole(prompt.vision))
+
+
+def _place_key(mesh, rng):
+    """Returns the key replicated on `mesh` (unless it already lives there)."""
+    if mesh is None or (isinstance(rng.sharding, jax.sharding.NamedSharding) and rng.sharding.mesh == mesh):
+        return rng
+    data = distributed.global_from_full(np.asarray(jax.random.key_data(rng)), sharding.replicated(mesh))
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(rng))
+
+
+def _filler_rows(cfg: ModelConfig, input_ids, attention_mask, multiple: int):
+    """Returns (ids, mask, extra): left-padded prompts with `extra` one-token text rows appended so
+    the row count is a multiple of `multiple` (their outputs are dropped)."""
+    ids, mask = model.check_ids_and_mask(input_ids, attention_mask)
+    extra = -ids.shape[0] % multiple
+    if not extra:
+        return ids, mask, 0
+    vision_ids = {cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id}
+    filler = next(t for t in (int(ids[0, -1]), 0, 1, 2) if t not in vision_ids)
+    pad_ids = np.zeros((extra, ids.shape[1]), ids.dtype)
+    pad_ids[:, -1] = filler
+    pad_mask = np.zeros((extra, ids.shape[1]), mask.dtype)
+    pad_mask[:, -1] = 1
+    return np.concatenate([ids, pad_ids]), np.concatenate([mask, pad_mask]), extra
+
+
+def _row_multiple(params) -> tuple:
+    """Returns (mesh of the params or None, rows a sampler batch should be a multiple of)."""
+    mesh = sharding.mesh_of(params)
+    return mesh, (1 if mesh is None else sharding.batch_ways(mesh))
+
+
+def _append_rows(x, extra: int, fill=0):
+    """Returns host array x [R, ...] with `extra` rows of `fill` appended."""
+    x = np.asarray(x)
+    return np.concatenate([x, np.full((extra, *x.shape[1:]), fill, x.dtype)]) if extra else x
+
+
+def _first_rows(out: SampleOutput, rows: int) -> SampleOutput:
+    if out.tokens.shape[0] == rows:
+        return out
+    return SampleOutput(out.tokens[:rows], out.logprobs[:rows], out.lengths[:rows])
+
+
 def prefill(cfg: ModelConfig, params, input_ids, attention_mask=None, pixel_values=None, image_grid_thw=None, *, reserve: int, num_samples: int = 1) -> Prefix:
     """Returns the Prefix [B*N rows] of B left-padded prompts, each encoded once, with `reserve` free slots."""
     prompt = prepare_prompt(cfg, input_ids, attention_mask, pixel_values, image_grid_thw, reserve=reserve)
+    prompt = place_prompt(sharding.mesh_of(params), prompt)
     return _prefill_jit(cfg, params, prompt, reserve=reserve, num_samples=num_samples)
 
 
 def extend(cfg: ModelConfig, params, prefix: Prefix, tokens, mask) -> Prefix:
     """Returns prefix (consumed) extended by right-padded text continuations tokens/mask [R, C]."""
     _check_room(prefix, np.shape(tokens)[1])
-    tokens, mask = jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, jnp.int32)
+    mesh = sharding.mesh_of(params)
+    tokens, mask = (_rows(mesh, np.asarray(x, np.int32)) for x in (tokens, mask))
     return _extend_jit(cfg, params, prefix, tokens, mask, with_logprobs=False)[0]
 
 
@@ -306,6 +383,7 @@ def decode(cfg: ModelConfig, params, prefix: Prefix, *, max_new_tokens: int, tem
     """Returns up to max_new_tokens tokens per row of prefix (consumed; donated to the decode loop)."""
     sampler, rng = _sampler(max_new_tokens, temperature, top_k, top_p, eos_token_ids, pad_id, rng)
     _check_room(prefix, max_new_tokens)
+    rng = _place_key(sharding.mesh_of(params), rng)
     out, _ = _decode_jit(cfg, prefix.cache, params, dataclasses.replace(prefix, cache=None), rng, sampler=sampler)
     return out
 
@@ -314,10 +392,13 @@ def generate(cfg: ModelConfig, params, input_ids, attention_mask, pixel_values=N
              max_new_tokens: int, num_samples: int = 1, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
              eos_token_ids=None, rng=None, pad_id: int = 0) -> SampleOutput:
     """Returns num_samples continuations of each prompt: tokens / logprobs [B*N, T], lengths [B*N] (DESIGN contract)."""
+    _, multiple = _row_multiple(params)
+    input_ids, attention_mask, extra = _filler_rows(cfg, input_ids, attention_mask, multiple)
     prefix = prefill(cfg, params, input_ids, attention_mask, pixel_values, image_grid_thw,
                      reserve=max_new_tokens, num_samples=num_samples)
-    return decode(cfg, params, prefix, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                  top_k=top_k, eos_token_ids=eos_token_ids, rng=rng, pad_id=pad_id)
+    out = decode(cfg, params, prefix, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                 top_k=top_k, eos_token_ids=eos_token_ids, rng=rng, pad_id=pad_id)
+    return _first_rows(out, (input_ids.shape[0] - extra) * num_samples)
 
 
 def generate_with_shared_prefix(cfg: ModelConfig, params, input_ids, attention_mask, pixel_values=None, image_grid_thw=None,
@@ -329,22 +410,34 @@ def generate_with_shared_prefix(cfg: ModelConfig, params, input_ids, attention_m
     captions is appended to its own copy of the cache, then all rows decode together.
     decode_kwargs are decode's settings (temperature, top_p, top_k, eos_token_ids, rng, pad_id).
     """
-    continuations = np.asarray(continuations)
+    _, multiple = _row_multiple(params)
+    input_ids, attention_mask, extra = _filler_rows(cfg, input_ids, attention_mask, multiple)
+    # A filler prompt's continuations are one token each.
+    continuations = _append_rows(continuations, extra * num_samples, int(input_ids[-1, -1]))
+    continuation_mask = np.asarray(continuation_mask)
+    continuation_mask = np.concatenate([continuation_mask, np.eye(1, continuation_mask.shape[1], dtype=continuation_mask.dtype)
+                                        .repeat(extra * num_samples, 0)])
     width = bucket(continuations.shape[1], minimum=8)
     pad = ((0, 0), (0, width - continuations.shape[1]))
     prefix = prefill(cfg, params, input_ids, attention_mask, pixel_values, image_grid_thw,
                      reserve=width + max_new_tokens, num_samples=num_samples)
-    prefix = extend(cfg, params, prefix, np.pad(continuations, pad), np.pad(np.asarray(continuation_mask), pad))
-    return decode(cfg, params, prefix, max_new_tokens=max_new_tokens, **decode_kwargs)
+    prefix = extend(cfg, params, prefix, np.pad(continuations, pad), np.pad(continuation_mask, pad))
+    out = decode(cfg, params, prefix, max_new_tokens=max_new_tokens, **decode_kwargs)
+    return _first_rows(out, (input_ids.shape[0] - extra) * num_samples)
 
 
 def sequence_logprobs(cfg: ModelConfig, params, input_ids, attention_mask, pixel_values=None, image_grid_thw=None, *,
                       completion, completion_mask, num_samples: int = 1) -> jax.Array:
     """Returns logprobs [B*N, T] float32 of completions [B*N, T] (right-padded) after B prompts; 0 at padding."""
-    completion = np.asarray(completion)
+    mesh, multiple = _row_multiple(params)
+    input_ids, attention_mask, extra = _filler_rows(cfg, input_ids, attention_mask, multiple)
+    rows = completion.shape[0] if hasattr(completion, "shape") else len(completion)
+    completion = _append_rows(np.asarray(completion, np.int32), extra * num_samples)
+    completion_mask = _append_rows(np.asarray(completion_mask, np.int32), extra * num_samples)  # scores nothing
     width = bucket(completion.shape[1], minimum=8)
     pad = ((0, 0), (0, width - completion.shape[1]))
-    prompt = prepare_prompt(cfg, input_ids, attention_mask, pixel_values, image_grid_thw, reserve=width)
-    logprobs = _score_jit(cfg, params, prompt, jnp.asarray(np.pad(completion, pad), jnp.int32),
-                          jnp.asarray(np.pad(np.asarray(completion_mask), pad), jnp.int32), num_samples=num_samples)
-    return logprobs[:, : completion.shape[1]]
+    prompt = place_prompt(mesh, prepare_prompt(cfg, input_ids, attention_mask, pixel_values, image_grid_thw,
+                                                reserve=width))
+    logprobs = _score_jit(cfg, params, prompt, _rows(mesh, np.pad(completion, pad)),
+                          _rows(mesh, np.pad(completion_mask, pad)), num_samples=num_samples)
+    return logprobs[:rows, : completion.shape[1]]

@@ -223,26 +223,49 @@ def placer(cfg: model.ModelConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> 
     return place
 
 
-def batch_sharding(mesh: Mesh, shape, batch_dim: int | None = 0, rules: Rules = DEFAULT_RULES) -> NamedSharding:
-    """Returns the sharding of one batch array: dim `batch_dim` along the data axes (None: replicated)."""
+def batch_sharding(mesh: Mesh, shape, batch_dim: int | None = 0, rules: Rules = DEFAULT_RULES, *,
+                   strict: bool = True) -> NamedSharding:
+    """Returns the sharding of one batch array: dim `batch_dim` along the data axes (None: replicated).
+
+    A batch dim the data axes do not divide raises, or with strict=False is replicated (with
+    one warning): the sampler's and the RL update's row counts follow the data, not the mesh.
+    """
     axes = [None] * len(shape)
     if batch_dim is not None:
         axes[batch_dim] = "batch"
-    return logical_sharding(mesh, axes, shape, rules)
+    return NamedSharding(mesh, logical_spec(axes, shape, mesh, rules, strict=("batch",) if strict else ()))
 
 
-def batch_shardings(batch, mesh: Mesh, batch_dims: Mapping[str, int | None] | None = None, *, default_dim: int | None = 0, rules: Rules = DEFAULT_RULES):
+def batch_shardings(batch, mesh: Mesh, batch_dims: Mapping[str, int | None] | None = None, *, default_dim: int | None = 0,
+                    rules: Rules = DEFAULT_RULES, strict: bool = True):
     """Returns shardings for a dict batch (arrays or ShapeDtypeStructs): each top-level entry's batch dim along the data axes.
 
     batch_dims names the batch dim of entries where it is not `default_dim`, e.g.
     {"positions": 1} for positions [3, B, L], {"pixel_values": None} for patch rows that
-    are not per example (replicated).
+    are not per example (replicated). strict as in batch_sharding.
     """
     batch_dims = batch_dims or {}
     return {
-        key: jax.tree.map(lambda x, d=batch_dims.get(key, default_dim): batch_sharding(mesh, x.shape, d, rules), value)
+        key: jax.tree.map(lambda x, d=batch_dims.get(key, default_dim): batch_sharding(mesh, x.shape, d, rules, strict=strict),
+                          value)
         for key, value in batch.items()
     }
+
+
+def batch_ways(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> int:
+    """Returns how many ways the data axes split a batch dim on `mesh` (1: no data parallelism)."""
+    rule = dict(rules).get("batch")
+    rule = () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
+    return math.prod(mesh.shape[a] for a in rule if a in mesh.shape)
+
+
+def mesh_of(tree) -> Mesh | None:
+    """Returns the Mesh a tree's arrays are sharded over (its first leaf's), or None for host
+    arrays and single-device arrays: the sampler places its inputs on the params' mesh."""
+    for leaf in jax.tree.leaves(tree):
+        s = getattr(leaf, "sharding", None)
+        return s.mesh if isinstance(s, NamedSharding) and s.mesh.size > 1 else None
+    return None
 
 
 def kv_cache_shardings(mesh: Mesh, shape, rules: Rules = DEFAULT_RULES) -> dict:

@@ -8,7 +8,7 @@ Prompts are exactly the SFT records' prompts (`toyroles.scene_sft_records`) with
 
 import numpy as np
 
-from mocojax import roles, sampling
+from mocojax import distributed, roles, sampling
 from mocojax.data import records as records_lib
 from mocojax.data import toyroles
 from mocojax.data import toyworld as tw
@@ -27,7 +27,8 @@ def _generate(cfg, params, processor, examples, batch_size, max_new_tokens, imag
         out = sampling.generate(cfg, params, batch["input_ids"], batch["attention_mask"], batch["pixel_values"],
                                 batch["image_grid_thw"], max_new_tokens=max_new_tokens,
                                 eos_token_ids=processor.eos_token_ids, pad_id=processor.pad_token_id)
-        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+        out = distributed.fetch(out)  # every process, when the params span several
+        tokens, lengths = out.tokens, out.lengths
         texts += [processor.tokenizer.decode(row[:n], skip_special_tokens=True) for row, n in zip(tokens, lengths)]
     return texts
 

@@ -9,6 +9,9 @@ One call of `collect` per Policy update, for G images (groups):
   4. reward r = sum_k w_k b_k / sum_k w_k; a group whose rubric did not parse gets no reward
      and, like a group whose N rewards are all equal, no gradient.
 Text work (decoding, parsing, rewards) is numpy/python; model work goes through `sampling`.
+On several processes every process runs `collect` on the same group with the same keys: the
+sampler's programs run once over the whole mesh, their outputs are gathered to every process,
+and the host-side text work, identical everywhere, keeps the processes in step.
 """
 
 import contextlib
@@ -19,7 +22,7 @@ import time
 import jax
 import numpy as np
 
-from mocojax import roles, sampling
+from mocojax import distributed, roles, sampling
 
 
 @dataclasses.dataclass
@@ -75,7 +78,7 @@ def _generate(cfg, params, processor, conversations, *, num_samples, max_new_tok
                             temperature=temperature, top_p=top_p, top_k=top_k,
                             eos_token_ids=processor.eos_token_ids, pad_id=processor.pad_token_id,
                             rng=rng)
-    return batch, out
+    return batch, distributed.fetch(out)
 
 
 def sample_policy(cfg, params, processor, images, rl, rng):
@@ -156,6 +159,7 @@ def judge_captions(cfg, params, processor, rubrics, captions, rl, rng):
         cfg, params, prefix_ids, prefix_mask, continuations=tails, continuation_mask=tail_mask,
         max_new_tokens=rl.judge_max_new_tokens, num_samples=n, temperature=rl.judge_temperature,
         eos_token_ids=processor.eos_token_ids, pad_id=processor.pad_token_id, rng=rng)
+    out = distributed.fetch(out)
     texts = decode_texts(processor.tokenizer, out.tokens, out.lengths, processor.eos_token_ids)
     for row, text in enumerate(texts):
         g, i = judged[row // n], row % n
