@@ -77,14 +77,19 @@ def latest_step(workdir, stage):
         return manager.latest_step()
 
 
-def restore_params(workdir, stage, cfg, step=None):
+def restore_params(workdir, stage, cfg, step=None, shardings=None):
     """Returns (params, step) of a stage's checkpoint (the latest when step is None).
 
-    Arrays keep their saved sharding when this run has the devices it was saved on; otherwise
-    (e.g. a 2-process checkpoint read by one process) they come back replicated on every device.
+    With `shardings` (a params tree of NamedShardings) each array is read straight onto its
+    sharding, on any mesh. Without, arrays keep their saved sharding when this run has the
+    devices it was saved on; otherwise (e.g. a 2-process checkpoint read by one process) they
+    come back replicated on every device.
     """
     replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(jax.devices(), ("devices",)),
                                             jax.sharding.PartitionSpec())
+    abstract = model.abstract_params(cfg)
+    if shardings is not None:
+        abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
     path = stage_dir(workdir, stage)
     with ocp.CheckpointManager(path, options=_READ_ONLY,
                                item_names=("params", "state", "extra")) as manager:
@@ -92,7 +97,7 @@ def restore_params(workdir, stage, cfg, step=None):
         if step is None:
             raise FileNotFoundError(f"no {stage} checkpoint under {path}")
         restored = manager.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(model.abstract_params(cfg), fallback_sharding=replicated)))
+            params=ocp.args.StandardRestore(abstract, fallback_sharding=replicated)))
     return restored["params"], step
 
 

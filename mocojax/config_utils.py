@@ -9,6 +9,7 @@ import os
 from typing import Callable
 
 import jax
+import numpy as np
 
 from mocojax import hf, model, processing, sharding
 from mocojax.data import records as records_lib
@@ -117,7 +118,9 @@ class Setup:
     model_config: model.ModelConfig
     processor: processing.Processor
     tokenizer_path: str
-    load_params: Callable[[], dict]  # initial parameters: HF weights or a fresh tiny init
+    # load_params(place=None): initial parameters, HF weights or a fresh tiny init;
+    # place(dotted_path, host_array) -> jax.Array puts each one on its sharding (sharding.placer).
+    load_params: Callable[..., dict]
 
 
 def _round_up(n, multiple):
@@ -138,17 +141,21 @@ def build_setup(config, workdir):
     if config.model.init_from:
         cfg = model.ModelConfig.from_pretrained(config.model.init_from, **dtypes)
 
-        def load_params():
+        def load_params(place=None):
             return hf.load_pretrained(config.model.init_from, dtype=cfg.param_dtype,
-                                      compute_dtype=cfg.dtype)[1]
+                                      compute_dtype=cfg.dtype, place=place)[1]
     else:
         cfg = model.tiny(
             vocab_size=_round_up(len(tokenizer), 64), image_token_id=processor.image_token_id,
             video_token_id=processor.video_token_id, vision_start_token_id=processor.vision_start_token_id,
             vision_end_token_id=processor.vision_end_token_id, **config.model.tiny, **dtypes)
 
-        def load_params():
-            return model.init_params(cfg, config.seed)
+        def load_params(place=None):
+            params = model.init_params(cfg, config.seed)
+            if place is None:
+                return params
+            return jax.tree_util.tree_map_with_path(
+                lambda path, x: place(".".join(str(k.key) for k in path), np.asarray(x)), params)
     return Setup(cfg, processor, tokenizer_path, load_params)
 
 

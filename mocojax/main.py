@@ -59,7 +59,7 @@ def run_export(config, workdir):
 
 
 STAGES = {"sft": sft.run_sft, "rl": run_rl, "eval": run_eval, "export": run_export}
-MULTI_HOST_STAGES = ("sft",)
+MULTI_HOST_STAGES = ("sft", "rl")
 
 
 def run(config, workdir):

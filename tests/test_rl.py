@@ -14,7 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-from mocojax import config_utils, losses, roles
+import rl_patterns
+from mocojax import config_utils, losses
 from mocojax.train import rl, rl_config
 from mocojax.train import rollout as rollout_lib
 
@@ -69,32 +70,13 @@ def test_micro_weights_make_accumulated_loss_exact(aggregation):
     np.testing.assert_allclose(accumulated, full, rtol=1e-6)
 
 
-def _patterned_roles(monkeypatch):
-    """Wraps the Generator and Judge: the model runs, its parsed output is replaced."""
-    rubric = [roles.RubricItem("mentions a red circle", "a red circle must be named", 3.0),
-              roles.RubricItem("the background is white", "it must be called white", 1.0)]
-    write_rubrics, judge_captions = rollout_lib.write_rubrics, rollout_lib.judge_captions
-
-    def fixed_rubric(*args):
-        texts, _, problems = write_rubrics(*args)
-        return texts, [list(rubric) for _ in texts], problems
-
-    def patterned_decisions(cfg, params, processor, rubrics, captions, rl_cfg, rng):
-        _, problems = judge_captions(cfg, params, processor, rubrics, captions, rl_cfg, rng)
-        decisions = [[[i % 2, (i // 2) % 2] for i in range(len(group))] for group in captions]
-        return decisions, problems
-
-    monkeypatch.setattr(rollout_lib, "write_rubrics", fixed_rubric)
-    monkeypatch.setattr(rollout_lib, "judge_captions", patterned_decisions)
-
-
 def test_rl_end_to_end_policy_moves_momentum_is_ema_roles_get_no_gradient(tmp_path, monkeypatch):
     config = _toy_config()
     m = 0.9
     config.rl.momentum, config.rl.sync_every = m, 1
     config.rl.generator, config.rl.judge = "ema", "frozen"  # one EMA copy, one frozen copy
     config.rl.lr, config.rl.warmup_ratio = 1e-2, 0.0  # every one of the 3 updates moves the model
-    _patterned_roles(monkeypatch)
+    rl_patterns.patterned_roles(monkeypatch.setattr)
     monkeypatch.setattr(rl, "_evaluate", lambda *args: {})  # held-out eval has its own tests
 
     step_state_keys, trajectory, momenta = [], [], []

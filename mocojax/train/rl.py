@@ -10,6 +10,11 @@ Per Policy update t (one `run_rl` iteration):
             gradient by construction;
   sync      after every H updates: phi <- m phi + (1 - m) theta (`momentum.ema_update`,
             donating phi), i.e. after the group is scored and before the next is evaluated.
+Sharding: the config's mesh holds the Policy state, its optimiser state and the momentum copies
+(FSDP by default), born on their shardings; the sampler runs on the same mesh (see
+`sampling`), and the update takes its batch as global arrays. On several processes every
+process runs this same loop on the same image group: the rollout's text work is small and
+identical everywhere, and each jitted program runs once over the whole mesh.
 Groups whose rubric did not parse or whose rewards are all equal are masked out of the loss;
 an update where no group has signal is skipped (params and optimiser state kept) and counted.
 """
@@ -26,7 +31,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from mocojax import checkpoint, config_utils, losses, model, momentum, sampling
+from mocojax import checkpoint, config_utils, distributed, losses, model, momentum, sampling, sharding
 from mocojax import metrics as metrics_lib
 from mocojax.data import pipeline, toyroles
 from mocojax.data import records as records_lib
@@ -90,6 +95,16 @@ def train_batch(cfg, rollout, rl):
     }
     batch["weight"] = micro_weights(batch["mask"], rl.aggregation)
     return batch
+
+
+def place_batch(mesh, batch):
+    """Returns a `train_batch` batch as global arrays on `mesh`: rows (dim 1, after the micro-batch
+    axis) over the data axes where they divide, else replicated; weights and patches replicated."""
+    out = {k: distributed.global_from_full(
+        v, sharding.batch_sharding(mesh, v.shape, None if k == "weight" else 1, strict=False))
+        for k, v in batch.items() if k != "prompt"}
+    out["prompt"] = sampling.place_prompt(mesh, batch["prompt"], stacked=True)
+    return out
 
 
 def micro_weights(mask, aggregation):
@@ -156,12 +171,14 @@ def grpo_step(cfg, optimizer, loss_kwargs, num_samples, state, batch, ref_params
     return new_state, metrics
 
 
-def make_grpo_step(cfg, optimizer, rl):
-    """Returns the jitted GRPO step (train state donated)."""
+def make_grpo_step(cfg, optimizer, rl, state_shardings=None, mesh=None):
+    """Returns the jitted GRPO step (train state donated); with state_shardings (and its mesh)
+    the new state keeps them and the metrics come back replicated."""
     loss_kwargs = dict(clip_eps=rl.clip_eps, clip_eps_high=rl.clip_eps_high,
                        kl_beta=rl.kl_beta, aggregation=rl.aggregation)
+    out_shardings = None if state_shardings is None else (state_shardings, sharding.replicated(mesh))
     return jax.jit(functools.partial(grpo_step, cfg, optimizer, loss_kwargs, rl.num_samples),
-                   donate_argnums=(0,))
+                   donate_argnums=(0,), out_shardings=out_shardings)
 
 
 def momentum_schedule(rl):
@@ -273,12 +290,15 @@ def rl_records(config):
     return records_lib.load_jsonl(data.train_path, image_root=data.image_root or None)[0]
 
 
-def initial_policy(config, workdir, setup):
-    """Returns theta_0: the latest SFT checkpoint of this workdir, else the config's initial params."""
+def initial_policy(config, workdir, setup, mesh):
+    """Returns theta_0 on its shardings: the latest SFT checkpoint of this workdir, else the
+    config's initial params."""
+    cfg = setup.model_config
     if checkpoint.latest_step(workdir, "sft") is not None:
-        return checkpoint.restore_params(workdir, "sft", setup.model_config)[0]
+        return checkpoint.restore_params(workdir, "sft", cfg,
+                                         shardings=sharding.param_shardings(cfg, mesh))[0]
     logging.warning("no SFT checkpoint in %s: RL starts from the config's initial params", workdir)
-    return setup.load_params()
+    return setup.load_params(place=sharding.placer(cfg, mesh))
 
 
 def rl_optimizer(config):
@@ -289,12 +309,12 @@ def rl_optimizer(config):
     return state_lib.make_optimizer(opt, config.rl.num_steps)
 
 
-def _evaluate(config, setup, params):
+def _evaluate(config, setup, params, cfg):
     """Returns held-out toy-world caption metrics of the Policy params, prefixed "eval/"."""
     from mocojax.eval import toyworld_eval
 
     result = toyworld_eval.evaluate(
-        setup.model_config, params, setup.processor, seed=config.data.seed,
+        cfg, params, setup.processor, seed=config.data.seed,
         start=config.data.num_train_scenes, num_scenes=config.eval.num_scenes,
         batch_size=config.eval.batch_size, max_new_tokens=config.eval.max_new_tokens,
         image_size=config.data.image_size)
@@ -305,10 +325,9 @@ def run_rl(config, workdir):
     """Runs (or resumes) Stage II as config.rl says; returns the final step's metrics."""
     rl = config.rl
     rl_config.validate(rl)
-    if jax.process_count() > 1:
-        raise ValueError("the RL stage runs on one host; multi-host RL is not supported yet")
     setup = config_utils.build_setup(config, workdir)
-    cfg, processor = setup.model_config, setup.processor
+    mesh = sharding.make_mesh(config.mesh or None)
+    cfg, processor = sharding.model_config(setup.model_config, mesh), setup.processor
     records = rl_records(config)
     scenes = {r["id"]: r["scene"] for r in records if "scene" in r}
     optimizer = rl_optimizer(config)
@@ -319,18 +338,27 @@ def run_rl(config, workdir):
                                          image_size=config.data.image_size))
     manager = checkpoint.Manager(workdir, "rl", keep=rl.keep_checkpoints)
 
+    state_shardings = sharding.train_state_shardings(cfg, mesh, optimizer, with_momentum=False)
+    params_shardings = state_shardings["params"]
+    copies_shardings = {name: params_shardings for name in role_momentum.copies}
+
     def init(policy, roles_params, rng):
         return {**state_lib.init_state(policy, optimizer, rng),
                 "momentum": role_momentum.init(roles_params)}
 
     abstract_params = model.abstract_params(cfg)
-    restored = manager.restore_latest(jax.eval_shape(
-        init, abstract_params, abstract_params, jax.random.key(0)))
-    policy_0 = initial_policy(config, workdir, setup)
+    abstract = jax.eval_shape(init, abstract_params, abstract_params, jax.random.key(0))
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
+                            {**state_shardings, "momentum": copies_shardings})
+    restored = manager.restore_latest(abstract)
+    policy_0 = initial_policy(config, workdir, setup, mesh)
     if restored is None:
-        roles_0 = (checkpoint.restore_params(rl.roles_init, "sft", cfg)[0] if rl.roles_init
-                   else policy_0)
-        state = init(jax.tree.map(jnp.copy, policy_0), roles_0, jax.random.key(config.seed + 1))
+        roles_0 = (checkpoint.restore_params(rl.roles_init, "sft", cfg, shardings=params_shardings)[0]
+                   if rl.roles_init else policy_0)
+        # Born on their shardings; the state's params are a copy, policy_0 stays the KL reference.
+        state, _ = sharding.init_train_state(cfg, mesh, optimizer, jax.random.key(config.seed + 1),
+                                             params=policy_0, with_momentum=False)
+        state["momentum"] = jax.jit(role_momentum.init, out_shardings=copies_shardings)(roles_0)
         extra = {"no_signal_skipped": 0}
     else:
         state, extra = restored
@@ -338,11 +366,11 @@ def run_rl(config, workdir):
         logging.info("resumed RL from step %d", int(state["step"]))
     ref_params = policy_0 if rl.kl_beta > 0 else None
     start = int(state["step"])
-    step_fn = make_grpo_step(cfg, optimizer, rl)
+    step_fn = make_grpo_step(cfg, optimizer, rl, state_shardings, mesh)
     writer = metrics_lib.MetricWriter(workdir, "rl", total_steps=rl.num_steps, initial_step=start)
     is_toy = config.data.source == "toyworld"
     if is_toy and start == 0:
-        writer.write(0, _evaluate(config, setup, state["params"]))
+        writer.write(0, _evaluate(config, setup, state["params"], cfg))
     # Delta_s = ||theta_s - theta_{s-1}|| between syncs; with H = 1 it is the update's norm.
     theta_at_sync = jax.tree.map(jnp.copy, state["params"]) if rl.sync_every > 1 else None
     samples_path = os.path.join(workdir, "rl_samples.jsonl")
@@ -357,7 +385,8 @@ def run_rl(config, workdir):
             role_momentum.params_for("judge", copies, state["params"]), processor, group, rl,
             seed=config.seed, step=step, rng=jax.random.fold_in(state["rng"], step))
         t1 = time.perf_counter()
-        state, step_metrics = step_fn(state, train_batch(cfg, rollout, rl), ref_params)
+        batch = place_batch(mesh, train_batch(cfg, rollout, rl))
+        state, step_metrics = step_fn(state, batch, ref_params)
         step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
         t2 = time.perf_counter()
         seconds["update"] = t2 - t1
@@ -380,7 +409,7 @@ def run_rl(config, workdir):
                 "lr": float(state_lib.learning_rate_schedule(
                     rl.lr, rl.num_steps, rl.warmup_ratio, rl.end_lr_ratio)(step - 1))}
         if is_toy and rl.eval_every and (step % rl.eval_every == 0 or step == rl.num_steps):
-            last.update(_evaluate(config, setup, state["params"]))
+            last.update(_evaluate(config, setup, state["params"], cfg))
         writer.write(step, last, tokens=int(rollout.lengths.sum()))
         if step % rl.log_samples_every == 0 and jax.process_index() == 0:
             with open(samples_path, "a") as f:

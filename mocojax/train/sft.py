@@ -227,7 +227,7 @@ def run_sft(config, workdir):
                             abstract, state_shardings)
     restored = manager.restore_latest(abstract)
     if restored is None:
-        params = setup.load_params() if config.model.init_from else None
+        params = setup.load_params(place=sharding.placer(cfg, mesh)) if config.model.init_from else None
         state, _ = sharding.init_train_state(cfg, mesh, optimizer, jax.random.key(config.seed),
                                              params=params, with_momentum=False)
         skipped = 0

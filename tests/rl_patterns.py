@@ -1,0 +1,27 @@
+"""Role wrappers for RL tests: the random-weight tiny model writes no parseable rubric, so the
+Generator and Judge still run (real sampler, real prompts) but their parsed output is replaced
+by a fixed two-item rubric and decisions patterned so that rewards vary within every group."""
+
+from mocojax import roles
+from mocojax.train import rollout as rollout_lib
+
+RUBRIC = (roles.RubricItem("mentions a red circle", "a red circle must be named", 3.0),
+          roles.RubricItem("the background is white", "it must be called white", 1.0))
+
+
+def patterned_roles(setattr_=setattr):
+    """Replaces rollout.write_rubrics / judge_captions with the wrappers; setattr_ is
+    pytest's monkeypatch.setattr in tests, plain setattr in worker processes."""
+    write_rubrics, judge_captions = rollout_lib.write_rubrics, rollout_lib.judge_captions
+
+    def fixed_rubric(*args):
+        texts, _, problems = write_rubrics(*args)
+        return texts, [list(RUBRIC) for _ in texts], problems
+
+    def patterned_decisions(cfg, params, processor, rubrics, captions, rl_cfg, rng):
+        _, problems = judge_captions(cfg, params, processor, rubrics, captions, rl_cfg, rng)
+        decisions = [[[i % 2, (i // 2) % 2] for i in range(len(group))] for group in captions]
+        return decisions, problems
+
+    setattr_(rollout_lib, "write_rubrics", fixed_rubric)
+    setattr_(rollout_lib, "judge_captions", patterned_decisions)
