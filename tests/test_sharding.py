@@ -21,7 +21,7 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import AbstractMesh, PartitionSpec as P  # noqa: E402
 
-from mocojax import model, momentum, plan, sharding  # noqa: E402
+from mocojax import model, momentum, plan, sampling, sharding  # noqa: E402
 
 MESH = AbstractMesh((2, 2, 2), ("data", "fsdp", "tensor"))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,7 +111,7 @@ def _inputs(cfg, rng, rows=8, length=16):
 BATCH_DIMS = {"positions": 2, "pixel_values": None, "vision": None}
 
 
-def _run(cfg, mesh, sft_batch, rl_batch, decode_args):
+def _run(cfg, mesh, sft_batch, rl_batch, decode_args, sample_args):
     """Returns every output the parity test compares, computed on `mesh`."""
     cfg = sharding.model_config(cfg, mesh)
     # eps well above rounding noise: Adam maps a gradient that is noise, |g| << eps, to ~lr * g / eps
@@ -152,6 +152,15 @@ def _run(cfg, mesh, sft_batch, rl_batch, decode_args):
     init = jax.device_put(out["init"], params_sh)
     out["cache"], out["key_valid"], out["next"], out["logprob"] = decode(init, cache, key_valid, tokens, positions, 5)
 
+    # The public sampler on the (sharded) initial params: 3 image prompts, not a multiple of the
+    # 8 data shards, so filler rows are added and dropped; greedy, 2 samples each.
+    ids, mask, pixels, grid = sample_args
+    out["generate"] = jax.tree.map(np.asarray, sampling.generate(
+        cfg, init, ids, mask, pixels, grid, max_new_tokens=6, num_samples=2))
+    out["score"] = np.asarray(sampling.sequence_logprobs(
+        cfg, init, ids, mask, pixels, grid, completion=out["generate"].tokens,
+        completion_mask=np.ones_like(out["generate"].tokens), num_samples=2))
+
     place = sharding.placer(cfg, mesh)
     placed = jax.tree_util.tree_map_with_path(lambda p, x: place(".".join(k.key for k in p), x), out["init"])
     assert jax.tree.all(jax.tree.map(lambda a, s: a.sharding == s, placed, params_sh))
@@ -178,10 +187,14 @@ def _child(mesh_specs):
     decode_args = (cache, key_valid, rng.integers(0, 240, (8, 1)).astype(np.int32),
                    np.full((3, 8, 1), 5, np.int32))
 
-    reference, _ = _run(cfg, sharding.make_mesh("fsdp=1", devices=jax.devices()[:1]), sft_batch, rl_batch, decode_args)
+    prompts = _inputs(cfg, rng, rows=3)
+    sample_args = (prompts["input_ids"], prompts["attention_mask"], prompts["pixel_values"], np.array([[1, 4, 4]] * 3))
+
+    reference, _ = _run(cfg, sharding.make_mesh("fsdp=1", devices=jax.devices()[:1]), sft_batch, rl_batch, decode_args,
+                        sample_args)
     for spec in mesh_specs:
         mesh = sharding.make_mesh(spec)
-        got, state_sh = _run(cfg, mesh, sft_batch, rl_batch, decode_args)
+        got, state_sh = _run(cfg, mesh, sft_batch, rl_batch, decode_args, sample_args)
         sharded = [s for s in jax.tree.leaves(state_sh["params"]) if not s.is_fully_replicated]
         assert len(sharded) > 20, f"{spec}: only {len(sharded)} parameters are sharded"
         for key in reference:
@@ -189,6 +202,8 @@ def _child(mesh_specs):
                        for a, b in zip(jax.tree.leaves(reference[key]), jax.tree.leaves(got[key]), strict=True))
             assert diff <= 1e-5, f"{spec}: {key} differs from one device by {diff:.2e}"
         assert (reference["next"] == got["next"]).all()
+        assert (reference["generate"].tokens == got["generate"].tokens).all()
+        assert got["generate"].tokens.shape == (6, 6) and got["score"].shape == (6, 6)
         print(f"{spec}: {len(reference)} outputs match one device (<= 1e-5)", flush=True)
 
 
