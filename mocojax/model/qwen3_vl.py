@@ -27,7 +27,7 @@ Params = dict[str, Any]
 class Qwen3VL(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         kw = dict(param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype))
-        self.visual = VisionModel(cfg.vision, rngs=rngs, **kw)
+        self.visual = VisionModel(cfg.vision, rngs=rngs, remat=cfg.remat, activation_sharding=cfg.activation_sharding, **kw)
         self.text = TextModel(cfg.text, tie_word_embeddings=cfg.tie_word_embeddings, remat=cfg.remat,
                               activation_sharding=cfg.activation_sharding, rngs=rngs, **kw)
 

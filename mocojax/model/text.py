@@ -3,22 +3,13 @@ SwiGLU MLP, DeepStack additions, scanned layers, a KV cache for sampling."""
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from mocojax.model.config import TextConfig
 from mocojax.model.layers import RMSNorm, activation, param, scan_layers, stacked
-from mocojax.model.rope import apply_rotary
-
-
-def _row_ways(activation_sharding):
-    """Returns how many ways a NamedSharding of [B, L, D] splits B."""
-    axes = activation_sharding.spec[0] if len(activation_sharding.spec) else None
-    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    return math.prod(activation_sharding.mesh.shape[a] for a in axes)
+from mocojax.model.rope import apply_rotary, row_ways
 
 
 class Attention(nnx.Module):
@@ -140,7 +131,7 @@ class TextModel(nnx.Module):
         return self.norm(x), new_cache, hidden_states
 
     def _constrain(self, h):
-        if self.activation_sharding is None or h.shape[0] % _row_ways(self.activation_sharding):
+        if self.activation_sharding is None or h.shape[0] % row_ways(self.activation_sharding):
             # Rows the data axes do not divide (a sampler call of 3 prompts on 8 devices) are
             # left to XLA's propagation rather than refused.
             return h
