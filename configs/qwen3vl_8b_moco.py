@@ -25,6 +25,10 @@ def get_config(arg=""):
     config.model.init_from = ""  # required: an HF directory with config.json + safetensors
     config.model.param_dtype = "float32"
     config.model.dtype = "bfloat16"
+    # docs/scaling.md: without remat the step needs ~260 GB per device; 512-position chunks keep
+    # the float32 [B, L, 151936] logits to [B, 512, V] at a time.
+    config.model.remat = True
+    config.model.logits_chunk = 512
 
     config.data.source = "jsonl"
     config.data.train_path = ""  # required

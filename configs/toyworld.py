@@ -36,6 +36,8 @@ def get_config(arg=""):
                              vision_depth=2, vision_hidden=64, deepstack=(0, 1))
     config.model.param_dtype = "float32"
     config.model.dtype = "float32"
+    config.model.remat = False  # recompute layers in the backward pass (needed at scale; no result changes)
+    config.model.logits_chunk = 0  # > 0: training log-softmax over this many positions at a time
 
     config.data = ml_collections.ConfigDict()
     config.data.source = "toyworld"

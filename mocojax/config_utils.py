@@ -61,6 +61,9 @@ def validate(config, stages):
         _fail("mesh", config.mesh, str(e))
     for key in ("model.dtype", "model.param_dtype"):
         _check(config, key, lambda v: v in DTYPES, f"must be one of {DTYPES}")
+    _check(config, "model.remat", lambda v: isinstance(v, bool), "must be True or False")
+    _check(config, "model.logits_chunk", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+           "must be an int >= 0 (0: the whole sequence at once)")
     if config.model.init_from:
         _check(config, "model.init_from", lambda v: os.path.isfile(os.path.join(v, "config.json")),
                "must be an HF Qwen3-VL directory with config.json")
@@ -137,7 +140,8 @@ def build_setup(config, workdir):
     tokenizer = processing.load_tokenizer(tokenizer_path)
     processor = processing.Processor(tokenizer, min_pixels=data.min_pixels, max_pixels=data.max_pixels,
                                      max_length=data.max_length)
-    dtypes = dict(param_dtype=config.model.param_dtype, dtype=config.model.dtype)
+    dtypes = dict(param_dtype=config.model.param_dtype, dtype=config.model.dtype, remat=config.model.remat,
+                  logits_chunk=config.model.logits_chunk)
     if config.model.init_from:
         cfg = model.ModelConfig.from_pretrained(config.model.init_from, **dtypes)
 

@@ -29,6 +29,29 @@ def token_logprobs(logits, targets):
   return target_logits[..., 0] - log_normaliser
 
 
+def chunked_token_logprobs(hidden, targets, logits_fn, chunk: int = 0):
+  """Returns token_logprobs(logits_fn(hidden), targets), float32 [B, L], chunk positions at a time.
+
+  hidden [B, L, D] are the states whose logits_fn(h) [B, c, V] predict targets [B, L]. With
+  0 < chunk < L the positions go through a lax.map of ceil(L / chunk) chunks and each chunk's
+  logits are recomputed in the backward pass (jax.checkpoint), so neither the float32
+  [B, L, V] logits nor their gradient is ever held: at most [B, chunk, V] of them. The values
+  and gradients are those of the unchunked computation.
+  """
+  if hidden.shape[:2] != targets.shape:
+    raise ValueError(f"hidden {hidden.shape} and targets {targets.shape} disagree on [B, L].")
+  rows, length = targets.shape
+  if chunk <= 0 or chunk >= length:
+    return token_logprobs(logits_fn(hidden), targets)
+  num = -(-length // chunk)
+  pad = num * chunk - length
+  h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(rows, num, chunk, -1).swapaxes(0, 1)
+  t = jnp.pad(targets, ((0, 0), (0, pad))).reshape(rows, num, chunk).swapaxes(0, 1)
+  one = jax.checkpoint(lambda ht: token_logprobs(logits_fn(ht[0]), ht[1]))
+  out = jax.lax.map(one, (h, t))  # [num, B, chunk]
+  return out.swapaxes(0, 1).reshape(rows, num * chunk)[:, :length]
+
+
 def sft_loss(logits, targets, loss_mask):
   """Returns (mean NLL over masked target tokens, metrics); logits [B, L, V], rest [B, L].
 
@@ -52,10 +75,16 @@ def per_group_nll(logits, targets, loss_mask, group_ids, num_groups: int):
   Per-group mean = nll_sums / token_counts, and the mixed `sft_loss` of the same batch is
   sum(nll_sums) / sum(token_counts): per-role losses add up to it weighted by token counts.
   """
-  if group_ids.shape != targets.shape[:1]:
-    raise ValueError(f"group_ids {group_ids.shape} must be [B] for targets {targets.shape}.")
+  return per_group_sums(-token_logprobs(logits, targets), loss_mask, group_ids, num_groups)
+
+
+def per_group_sums(token_nll, loss_mask, group_ids, num_groups: int):
+  """Returns (nll_sums [num_groups], token_counts [num_groups]) of per-token NLLs [B, L] over
+  masked tokens: per_group_nll for callers that already hold the log-probabilities."""
+  if group_ids.shape != token_nll.shape[:1]:
+    raise ValueError(f"group_ids {group_ids.shape} must be [B] for tokens {token_nll.shape}.")
   mask = loss_mask.astype(jnp.float32)
-  row_nll = jnp.sum(-token_logprobs(logits, targets) * mask, axis=-1)  # [B]
+  row_nll = jnp.sum(token_nll * mask, axis=-1)  # [B]
   row_count = jnp.sum(mask, axis=-1)  # [B]
   nll_sums = jax.ops.segment_sum(row_nll, group_ids, num_segments=num_groups)
   token_counts = jax.ops.segment_sum(row_count, group_ids, num_segments=num_groups)

@@ -33,28 +33,34 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from mocojax import losses, model, sharding  # noqa: E402
+from mocojax import losses, model, sampling, sharding  # noqa: E402
+from mocojax.model.rope import vision_metadata  # noqa: E402
 
 GB = 1e9
 
 
+def _target_logprobs(cfg, params, batch, mesh, rules):
+    """Returns log p(input_ids[:, t + 1] | prefix) float32 [B, L-1], as the trainers compute it
+    (model.target_logprobs, chunked by cfg.logits_chunk); hidden states pinned to rows."""
+    _, aux = model.apply(cfg, params, batch["input_ids"], batch["attention_mask"], batch["positions"],
+                         batch.get("pixel_values"), batch.get("vision"), return_hidden=True)
+    hidden = aux["hidden"][:, :-1]
+    if mesh is not None:
+        hidden = sharding.constrain(hidden, mesh, ("batch", "length", None), rules)
+    return model.target_logprobs(cfg, params, hidden, batch["input_ids"][:, 1:])
+
+
 def sft_loss_fn(cfg, params, batch, mesh=None, rules=sharding.DEFAULT_RULES):
     """Returns (mean NLL over loss_mask, metrics) of one micro-batch; batch arrays [B, L], positions [3, B, L]."""
-    logits, _ = model.apply(cfg, params, batch["input_ids"], batch["attention_mask"], batch["positions"],
-                            batch.get("pixel_values"), batch.get("vision"))
-    if mesh is not None:
-        # Keeps the [B, L, V] float32 logits split by rows (and vocab on tensor), never gathered.
-        logits = sharding.constrain(logits, mesh, ("batch", "length", "vocab"), rules)
-    return losses.sft_loss(logits[:, :-1], batch["input_ids"][:, 1:], batch["loss_mask"][:, 1:])
+    mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
+    nll_sum = -jnp.sum(_target_logprobs(cfg, params, batch, mesh, rules) * mask)
+    loss = nll_sum / jnp.maximum(jnp.sum(mask), 1.0)
+    return loss, {"loss": loss, "nll_sum": nll_sum, "token_count": jnp.sum(mask)}
 
 
 def rl_loss_fn(cfg, params, batch, mesh=None, rules=sharding.DEFAULT_RULES, **grpo_kwargs):
     """Returns (GRPO loss, metrics) of one micro-batch; completion_mask/old_logprobs [B, L-1], advantages [B]."""
-    logits, _ = model.apply(cfg, params, batch["input_ids"], batch["attention_mask"], batch["positions"],
-                            batch.get("pixel_values"), batch.get("vision"))
-    if mesh is not None:
-        logits = sharding.constrain(logits, mesh, ("batch", "length", "vocab"), rules)
-    logprobs = losses.token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])
+    logprobs = _target_logprobs(cfg, params, batch, mesh, rules)
     return losses.grpo_loss(logprobs, batch["old_logprobs"], batch["advantages"], batch["completion_mask"], **grpo_kwargs)
 
 
@@ -133,12 +139,44 @@ def _activation_estimate(cfg, rows, length, tensor):
     proj = (t.num_attention_heads + 2 * t.num_key_value_heads) * t.head_dim + 3 * t.intermediate_size
     layer = tokens * (4 * t.hidden_size + proj // tensor) * c  # one layer recomputed in the backward pass
     scores = 2 * rows * (t.num_attention_heads // tensor) * length * length * 4  # XLA attention: scores + probs, f32
-    logits = 3 * tokens * t.vocab_size // tensor * 4  # logits, log-softmax, their gradient, f32
+    # float32 logits, log-softmax and their gradient: of every position, or of one chunk at a time
+    logit_positions = rows * min(cfg.logits_chunk, length) if cfg.logits_chunk else tokens
+    logits = 3 * logit_positions * t.vocab_size // tensor * 4
     return saved + layer + scores + logits
 
 
-def plan(cfg, mesh, rules, *, sft_global_batch, rl_rows_per_device, rl_accum, length, decode_rows_per_device, cache_length, lr=1e-5):
-    """Returns a list of Rows for the SFT step, the RL update and a decode step of cfg on mesh."""
+def _vision_inputs(cfg, mesh, rows, image_patches, lead=()):
+    """Returns abstract (pixel_values [*lead, P, patch_dim], VisionMeta) of `rows` square images of
+    image_patches patches each, laid out (and replicated) as the trainers feed them."""
+    side = int(round(image_patches ** 0.5))
+    if side * side != image_patches or side % cfg.vision.spatial_merge_size:
+        raise ValueError(f"--image-patches={image_patches} must be a square of a multiple of {cfg.vision.spatial_merge_size}")
+    total = rows * image_patches
+    meta = vision_metadata(cfg.vision, np.array([[1, side, side]] * rows), pad_to=total)
+    whole = sharding.replicated(mesh)
+    pixels = _sds((*lead, total, cfg.vision.patch_dim), cfg.dtype, whole)
+    return pixels, jax.tree.map(lambda x: _sds((*lead, *x.shape), x.dtype, whole), meta)
+
+
+def _vision_estimate(cfg, patches, row_len, ways, *, training=True):
+    """Returns per-device bytes of the vision tower's activations over `patches` patches: the packed
+    layout (2 * ceil(P / R) rows of R slots) split `ways` ways by rows; training (remat on) saves
+    every block's input and recomputes one block, inference holds one block."""
+    v, c = cfg.vision, jnp.dtype(cfg.dtype).itemsize
+    slots = 2 * -(-patches // row_len) * row_len // ways
+    saved = v.depth * slots * v.hidden_size * c if training else 0
+    block = slots * (6 * v.hidden_size + 2 * v.intermediate_size) * c
+    scores = 2 * slots * v.num_heads * row_len * 4
+    return saved + block + scores
+
+
+def plan(cfg, mesh, rules, *, sft_global_batch, rl_rows_per_device, rl_accum, length, decode_rows_per_device, cache_length,
+         image_patches=0, prompt_length=1024, num_samples=16, lr=1e-5):
+    """Returns a list of Rows for the SFT step, the RL update, a sampler prefill and a decode step of cfg on mesh.
+
+    image_patches > 0 gives every training row and every prompt one square image of that many
+    patches (its image tokens count in `length`); 0 leaves the vision tower out.
+    """
     data_ways = int(np.prod([mesh.shape[a] for a in sharding.DATA_AXES if a in mesh.shape]))
     tensor = mesh.shape.get("tensor", 1)
     optimizer = optax.adamw(lr, weight_decay=0.0)
@@ -163,12 +201,17 @@ def plan(cfg, mesh, rules, *, sft_global_batch, rl_rows_per_device, rl_accum, le
                   "positions": ((accum, 3, micro, length), jnp.int32), **extra(accum, micro)}
         dims = {"positions": 2, "advantages": 1}
         batch = {k: _sds(s, d, sharding.batch_sharding(mesh, s, dims.get(k, 1), rules)) for k, (s, d) in shapes.items()}
+        vision = {}
+        if image_patches:
+            batch["pixel_values"], batch["vision"] = _vision_inputs(cfg, mesh, micro, image_patches, (accum,))
+            vision = {"vision": _vision_estimate(cfg, micro * image_patches, batch["vision"].row_len, data_ways)}
         step = make_update_step(cfg, optimizer, functools.partial(loss_fn, mesh=mesh, rules=rules), state_sh["params"])
         jitted = sharding.jit_train_step(step, state_sh, jax.tree.map(lambda x: x.sharding, batch), mesh)
         mem, secs = _compile(jitted, state, batch)
         analytic = {"params": p_bytes, "grads": p_bytes, "adam": o_bytes, "momentum": m_bytes,
-                    "activations": _activation_estimate(cfg, micro // data_ways, length, tensor)}
-        rows.append(Row(name, f"{global_rows} rows x {length} tok, {accum} micro", mem.argument_size_in_bytes,
+                    "activations": _activation_estimate(cfg, micro // data_ways, length, tensor), **vision}
+        images = f", {image_patches} patches/row" if image_patches else ""
+        rows.append(Row(name, f"{global_rows} rows x {length} tok{images}, {accum} micro", mem.argument_size_in_bytes,
                         mem.output_size_in_bytes, mem.alias_size_in_bytes, mem.temp_size_in_bytes, analytic, secs))
 
     train_row("SFT step", sft_loss_fn, sft_global_batch, 1,
@@ -180,6 +223,32 @@ def plan(cfg, mesh, rules, *, sft_global_batch, rl_rows_per_device, rl_accum, le
 
     t = cfg.text
     b = decode_rows_per_device * data_ways
+    # Sampler prefill: the b / N prompts of one sampling call (one image each), encoded once, their
+    # cache repeated N times (sampling.prefill_core), reserving the rest of the cache for decoding.
+    prompts = max(b // num_samples, 1)
+    reserve = cache_length - prompt_length
+    prompt_rows = lambda shape, dim: _sds(shape, jnp.int32, sharding.batch_sharding(mesh, shape, dim, rules, strict=False))
+    pixel_values, vision = (_vision_inputs(cfg, mesh, prompts, image_patches) if image_patches else (None, None))
+    prompt = sampling.Prompt(prompt_rows((prompts, prompt_length), 0), prompt_rows((prompts, prompt_length), 0),
+                             prompt_rows((3, prompts, prompt_length), 1), prompt_rows((prompts,), 0), pixel_values, vision)
+    prefill_out = jax.eval_shape(functools.partial(sampling.prefill_core, cfg, reserve=reserve, num_samples=num_samples),
+                                 state["params"], prompt)
+    cache_sh = sharding.kv_cache_shardings(mesh, prefill_out.cache["k"].shape, rules)
+    row_sh = lambda x, dim=0: sharding.batch_sharding(mesh, x.shape, dim, rules)
+    prefix_sh = sampling.Prefix(cache_sh, row_sh(prefill_out.key_valid), row_sh(prefill_out.next_position),
+                                row_sh(prefill_out.last_logits), prefill_out.next_slot)
+    jitted = jax.jit(functools.partial(sampling.prefill_core, cfg, reserve=reserve, num_samples=num_samples),
+                     out_shardings=prefix_sh)
+    mem, secs = _compile(jitted, state["params"], prompt)
+    images = f", {image_patches} patches each" if image_patches else ""
+    prefill_analytic = {"params": p_bytes, "kv_cache": sharding.per_device_bytes(prefill_out.cache, cache_sh)}
+    if image_patches:
+        prefill_analytic["vision"] = _vision_estimate(cfg, prompts * image_patches, vision.row_len, data_ways,
+                                                      training=False)
+    rows.append(Row("sampler prefill", f"{prompts} prompts x {prompt_length} tok{images}, x{num_samples} samples",
+                    mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes,
+                    mem.temp_size_in_bytes, prefill_analytic, secs))
+
     cache_shape = (t.num_hidden_layers, b, cache_length, t.num_key_value_heads, t.head_dim)
     cache_sh = sharding.kv_cache_shardings(mesh, cache_shape, rules)
     cache = {k: _sds(cache_shape, cfg.dtype, s) for k, s in cache_sh.items()}
@@ -223,23 +292,32 @@ def main(argv=None):
     parser.add_argument("--param-dtype", default="float32")
     parser.add_argument("--dtype", default="bfloat16", help="compute dtype")
     parser.add_argument("--no-remat", action="store_true")
+    parser.add_argument("--logits-chunk", type=int, default=512,
+                        help="positions per chunk of the training log-softmax (0: all at once)")
     parser.add_argument("--length", type=int, default=2048, help="tokens per training row (image tokens included)")
     parser.add_argument("--sft-global-batch", type=int, default=64)
     parser.add_argument("--rl-rows-per-device", type=int, default=8)
     parser.add_argument("--rl-accum", type=int, default=2)
     parser.add_argument("--decode-rows-per-device", type=int, default=16, help="rows sampled at once (8 images x 16 samples over 8 devices)")
     parser.add_argument("--cache-length", type=int, default=2048)
+    parser.add_argument("--image-patches", type=int, default=1024,
+                        help="patches of the one image per training row / prompt (a square of an even side; 1024 = "
+                             "a 512x512 image, 256 image tokens); 0 leaves the vision tower out")
+    parser.add_argument("--prompt-length", type=int, default=1024, help="tokens per sampler prompt (image tokens included)")
+    parser.add_argument("--num-samples", type=int, default=16, help="samples per prompt (N)")
     args = parser.parse_args(argv)
     make = model.tiny if args.preset == "tiny" else functools.partial(model.preset, args.preset)
-    cfg = make(param_dtype=args.param_dtype, dtype=args.dtype, remat=not args.no_remat)
+    cfg = make(param_dtype=args.param_dtype, dtype=args.dtype, remat=not args.no_remat, logits_chunk=args.logits_chunk)
     mesh = sharding.make_mesh(args.mesh)
     cfg = sharding.model_config(cfg, mesh)
     t0 = time.perf_counter()
     rows = plan(cfg, mesh, sharding.DEFAULT_RULES, sft_global_batch=args.sft_global_batch, rl_rows_per_device=args.rl_rows_per_device,
                 rl_accum=args.rl_accum, length=args.length, decode_rows_per_device=args.decode_rows_per_device,
-                cache_length=args.cache_length)
+                cache_length=args.cache_length, image_patches=args.image_patches, prompt_length=args.prompt_length,
+                num_samples=args.num_samples)
     n = model.count_params(model.abstract_params(cfg))
     print(f"{args.preset}: {n / 1e9:.2f}B params, {args.param_dtype} params, {args.dtype} compute, remat={cfg.remat}, "
+          f"logits_chunk={cfg.logits_chunk}, "
           f"mesh {dict(mesh.shape)} ({mesh.devices.size} x {args.hbm_gb:g} GB)")
     print(table(rows, args.hbm_gb * GB))
     print(f"wall time {time.perf_counter() - t0:.0f} s")

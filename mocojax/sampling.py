@@ -192,10 +192,11 @@ def extend_core(cfg: ModelConfig, params, prefix: Prefix, tokens: jax.Array, mas
     last_logits = jnp.where(lengths[:, None] > 0, model.lm_logits(cfg, params, last_hidden)[:, 0], prefix.last_logits)
     logprobs = None
     if with_logprobs:
-        # Token i is predicted by the logits after token i-1; token 0 by the prefix's last logits.
-        logits = model.lm_logits(cfg, params, aux["hidden"][:, :-1])  # [R, C-1, V]
-        logits = jnp.concatenate([prefix.last_logits[:, None], logits], axis=1)
-        logprobs = jnp.where(mask > 0, token_logprobs(logits, tokens), 0.0)
+        # Token i is predicted by the hidden state after token i-1 (cfg.logits_chunk positions at
+        # a time); token 0 by the prefix's last logits.
+        first = token_logprobs(prefix.last_logits[:, None], tokens[:, :1])
+        rest = model.target_logprobs(cfg, params, aux["hidden"][:, :-1], tokens[:, 1:])  # [R, C-1]
+        logprobs = jnp.where(mask > 0, jnp.concatenate([first, rest], axis=1), 0.0)
     new_prefix = Prefix(aux["cache"], key_valid, prefix.next_position + lengths, last_logits, slot + width)
     return new_prefix, logprobs
 

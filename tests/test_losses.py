@@ -86,6 +86,45 @@ def test_per_group_nll_adds_up_to_mixed_loss():
   np.testing.assert_allclose(jnp.sum(per_role * counts) / jnp.sum(counts), mixed, rtol=1e-6)
 
 
+@pytest.mark.parametrize("chunk", [0, 4, 5, 13, 40])
+def test_chunked_token_logprobs_equal_unchunked_values_and_gradients(chunk):
+    # L = 13 positions, not a multiple of 4 or 5: the last chunk is padded and cut.
+    rng = np.random.default_rng(0)
+    hidden = jnp.asarray(rng.normal(size=(3, 13, 8)), jnp.float32)
+    weight = jnp.asarray(rng.normal(size=(8, 50)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 50, size=(3, 13)))
+    mask = jnp.asarray(rng.integers(0, 2, size=(3, 13)), jnp.float32)
+
+    def loss(h, w, chunked):
+        head = lambda x: x @ w  # the closed-over weight must get its gradient through the chunks
+        lp = (losses.chunked_token_logprobs(h, targets, head, chunk) if chunked
+              else losses.token_logprobs(head(h), targets))
+        return jnp.sum(lp * mask), lp
+
+    (want, lp_want), g_want = jax.value_and_grad(functools.partial(loss, chunked=False), (0, 1), has_aux=True)(hidden, weight)
+    (got, lp_got), g_got = jax.jit(jax.value_and_grad(functools.partial(loss, chunked=True), (0, 1), has_aux=True))(hidden, weight)
+    np.testing.assert_allclose(lp_got, lp_want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    for a, b in zip(g_got, g_want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_chunked_token_logprobs_hold_one_chunk_of_logits():
+    # The compiled gradient's temporaries shrink with the chunk: [B, L, V] logits are never held.
+    hidden = jax.ShapeDtypeStruct((4, 1024, 16), jnp.float32)
+    targets = jax.ShapeDtypeStruct((4, 1024), jnp.int32)
+    weight = jax.ShapeDtypeStruct((16, 4096), jnp.float32)
+
+    def temps(chunk):
+        fn = lambda h, w, t: jnp.sum(losses.chunked_token_logprobs(h, t, lambda x: x @ w, chunk))
+        compiled = jax.jit(jax.grad(fn, (0, 1))).lower(hidden, weight, targets).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    logits_bytes = 4 * 1024 * 4096 * 4  # one float32 [B, L, V]
+    assert temps(0) >= logits_bytes
+    assert temps(128) < logits_bytes / 2
+
+
 def test_grpo_advantages_hand_computed_with_zero_variance_group():
   rewards = jnp.array([[1.0, 0.0, 1.0, 0.0],    # mean 1/2, std 1/2 -> +-1
                        [0.5, 0.5, 0.5, 0.5],    # zero variance -> all 0

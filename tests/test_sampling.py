@@ -94,9 +94,11 @@ def test_sampled_logprobs_equal_full_forward_and_scorer(pair):
     expected = np.where(done, np.take_along_axis(logp, tokens[..., None], -1)[..., 0], 0.0)
     np.testing.assert_allclose(logprobs, expected, atol=TOL, rtol=0)
 
-    scored = sampling.sequence_logprobs(CFG, params, ids, mask, pixels, grid, completion=tokens,
-                                        completion_mask=done, num_samples=n)
-    np.testing.assert_allclose(np.asarray(scored), expected, atol=TOL, rtol=0)
+    # The scorer, whole and with its log-softmax in chunks of 5 positions (24 = 4 x 5 + 4).
+    for cfg in (CFG, CFG.replace(logits_chunk=5)):
+        scored = sampling.sequence_logprobs(cfg, params, ids, mask, pixels, grid, completion=tokens,
+                                            completion_mask=done, num_samples=n)
+        np.testing.assert_allclose(np.asarray(scored), expected, atol=TOL, rtol=0)
 
 
 def test_shared_prefill_encodes_each_prompt_once(pair, monkeypatch):

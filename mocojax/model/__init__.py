@@ -12,6 +12,7 @@ from mocojax.model.qwen3_vl import (
     forward,
     init_params,
     lm_logits,
+    target_logprobs,
     param_axes,
     prepare_inputs,
 )
@@ -19,6 +20,6 @@ from mocojax.model.rope import VisionMeta, get_rope_index, vision_metadata
 
 __all__ = [
     "ModelConfig", "TextConfig", "VisionConfig", "preset", "tiny", "PRESETS", "ModelInputs", "Qwen3VL",
-    "abstract_params", "apply", "check_ids_and_mask", "count_params", "encode_images", "forward", "init_params", "lm_logits", "param_axes",
+    "abstract_params", "apply", "check_ids_and_mask", "count_params", "encode_images", "forward", "init_params", "lm_logits", "param_axes", "target_logprobs",
     "prepare_inputs", "VisionMeta", "get_rope_index", "vision_metadata",
 ]

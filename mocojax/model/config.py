@@ -69,8 +69,11 @@ class ModelConfig:
 
     `param_dtype` is the storage dtype of the parameters; `dtype` is the compute dtype of
     activations (fp32/fp32 for parity tests, fp32/bf16 or bf16/bf16 for speed). `remat`
-    recomputes each decoder layer in the backward pass (jax.checkpoint), so training keeps one
-    [B, L, D] input per layer instead of every intermediate; it changes no result.
+    recomputes each decoder layer and vision block in the backward pass (jax.checkpoint), so
+    training keeps one input per layer instead of every intermediate; it changes no result.
+    `logits_chunk` > 0 makes training and scoring (`model.target_logprobs`) compute the
+    float32 log-softmax over the vocabulary `logits_chunk` positions at a time, recomputed in
+    the backward pass, so no [B, L, V] tensor is held (0: all positions at once).
     `activation_sharding` (a jax.sharding.Sharding of [B, L, D] hidden states, set by
     `mocojax.sharding.model_config`) pins the decoder's hidden states to it at every layer, so
     a mesh shards activations by rows instead of by the embed dim the weights are split on.
@@ -86,6 +89,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat: bool = False
+    logits_chunk: int = 0
     activation_sharding: Any = None
 
     def __post_init__(self):

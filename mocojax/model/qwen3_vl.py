@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from mocojax import losses
 from mocojax.model.config import ModelConfig
 from mocojax.model.rope import VisionMeta, get_rope_index, text_rope, vision_metadata
 from mocojax.model.text import TextModel
@@ -196,6 +197,12 @@ def apply(
 def lm_logits(cfg: ModelConfig, params: Params, hidden: jnp.ndarray) -> jnp.ndarray:
     """Returns float32 logits [B, T, V] of final normed hidden states [B, T, D] (aux["hidden"])."""
     return _merge(cfg, params).text.logits(hidden)
+
+
+def target_logprobs(cfg: ModelConfig, params: Params, hidden: jnp.ndarray, targets: jnp.ndarray) -> jnp.ndarray:
+    """Returns float32 [B, T] log p(targets | hidden) under the unscaled softmax of lm_logits, for
+    final normed hidden states [B, T, D]; chunked over positions by cfg.logits_chunk."""
+    return losses.chunked_token_logprobs(hidden, targets, lambda h: lm_logits(cfg, params, h), cfg.logits_chunk)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))

@@ -80,12 +80,14 @@ def micro_batches(cfg, batch, num_micro, max_patches=None):
 def batch_nll(cfg, params, micro):
     """Returns (nll_sum, token_count, role_nll_sums [R], role_token_counts [R]) of one micro-batch."""
     pixel_values = micro["pixel_values"].astype(jnp.dtype(cfg.dtype))
-    logits, _ = model.apply(cfg, params, micro["input_ids"], micro["attention_mask"], micro["positions"],
-                            pixel_values, micro["vision"])
-    # logits[:, t] predicts input_ids[:, t + 1]; loss_mask marks target tokens of input_ids.
-    logits, targets, mask = logits[:, :-1], micro["input_ids"][:, 1:], micro["loss_mask"][:, 1:]
-    # The mixed loss's sums are the per-role sums added up (one log-softmax over [b, L, V], not two).
-    role_nll, role_tokens = losses.per_group_nll(logits, targets, mask, micro["role"], NUM_ROLES)
+    _, aux = model.apply(cfg, params, micro["input_ids"], micro["attention_mask"], micro["positions"],
+                         pixel_values, micro["vision"], return_hidden=True)
+    # hidden[:, t] predicts input_ids[:, t + 1]; loss_mask marks target tokens of input_ids. The
+    # log-softmax runs cfg.logits_chunk positions at a time (model.target_logprobs).
+    targets, mask = micro["input_ids"][:, 1:], micro["loss_mask"][:, 1:]
+    logprobs = model.target_logprobs(cfg, params, aux["hidden"][:, :-1], targets)
+    # The mixed loss's sums are the per-role sums added up (one log-softmax, not two).
+    role_nll, role_tokens = losses.per_group_sums(-logprobs, mask, micro["role"], NUM_ROLES)
     return role_nll.sum(), role_tokens.sum(), role_nll, role_tokens
 
 
