@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from mocojax import checkpoint, config_utils, main
+from mocojax.train import rl_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("toyworld_config", os.path.join(REPO, "configs", "toyworld.py"))
@@ -39,6 +40,23 @@ def test_bad_config_value_fails_before_any_work_naming_the_key(tmp_path, monkeyp
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         main.run(config, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+CONFIG_NAMES = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "configs")) if f.endswith(".py") and f != "__init__.py")
+
+
+@pytest.mark.parametrize("arg", ["", "tiny"])
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_every_config_loads_and_validates(name, arg, monkeypatch):
+    monkeypatch.syspath_prepend(REPO)
+    config = importlib.import_module(f"configs.{name}").get_config(arg)
+    if "rl" in config.stages:
+        rl_config.validate(config.rl)
+    if config.model.init_from or config.data.source == "toyworld":
+        config_utils.validate(config, main.STAGES)
+    else:  # the 8B config needs a checkpoint and data paths from the command line
+        with pytest.raises(ValueError, match="config.model.init_from"):
+            config_utils.validate(config, main.STAGES)
 
 
 def _command(workdir):
