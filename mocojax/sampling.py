@@ -167,12 +167,22 @@ def prefill_core(cfg: ModelConfig, params, prompt: Prompt, *, reserve: int, num_
     last_logits = model.lm_logits(cfg, params, aux["hidden"][:, -1:])[:, 0]  # [B, V]
     repeat = functools.partial(jnp.repeat, repeats=num_samples, total_repeat_length=batch * num_samples)
     return Prefix(
-        cache=jax.tree.map(lambda c: repeat(c, axis=1), aux["cache"]),
+        cache=_constrain_cache(cfg, jax.tree.map(lambda c: repeat(c, axis=1), aux["cache"])),
         key_valid=repeat(key_valid, axis=0),
         next_position=repeat(prompt.next_position, axis=0),
         last_logits=repeat(last_logits, axis=0),
         next_slot=length,
     )
+
+
+def _constrain_cache(cfg: ModelConfig, cache: dict) -> dict:
+    """Returns the KV cache pinned to sharding.KV_CACHE_AXES on the mesh of cfg.activation_sharding
+    (rows over the data axes, kv heads over tensor, where they divide); unchanged without a mesh."""
+    if cfg.activation_sharding is None:
+        return cache
+    mesh = cfg.activation_sharding.mesh
+    spec = sharding.logical_spec(sharding.KV_CACHE_AXES, cache["k"].shape, mesh, strict=())
+    return jax.tree.map(lambda c: jax.lax.with_sharding_constraint(c, jax.sharding.NamedSharding(mesh, spec)), cache)
 
 
 def extend_core(cfg: ModelConfig, params, prefix: Prefix, tokens: jax.Array, mask: jax.Array, *, with_logprobs: bool):
