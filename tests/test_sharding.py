@@ -9,6 +9,7 @@ import functools
 import os
 import subprocess
 import sys
+import tempfile
 
 if __name__ == "__main__":
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -21,7 +22,7 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import AbstractMesh, PartitionSpec as P  # noqa: E402
 
-from mocojax import model, momentum, plan, sampling, sharding  # noqa: E402
+from mocojax import hf, model, momentum, plan, sampling, sharding  # noqa: E402
 
 MESH = AbstractMesh((2, 2, 2), ("data", "fsdp", "tensor"))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -165,6 +166,12 @@ def _run(cfg, mesh, sft_batch, rl_batch, decode_args, sample_args):
     placed = jax.tree_util.tree_map_with_path(lambda p, x: place(".".join(k.key for k in p), x), out["init"])
     assert jax.tree.all(jax.tree.map(lambda a, s: a.sharding == s, placed, params_sh))
     out["placed"] = placed
+    # HF loading reads each tensor straight onto its sharding.
+    with tempfile.TemporaryDirectory() as hf_dir:
+        hf.save_pretrained(hf_dir, cfg, out["init"])
+        _, loaded = hf.load_pretrained(hf_dir, jnp.float32, place=place)
+    assert jax.tree.all(jax.tree.map(lambda a, s: a.sharding == s, loaded, params_sh))
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), loaded, out["init"])
     return jax.tree.map(np.asarray, out), state_sh
 
 
