@@ -115,10 +115,11 @@ class Row:
     temporaries: int
     analytic: dict
     compile_s: float
+    beside: int = 0  # bytes the trainer keeps on the device outside the program's arguments
 
     @property
     def peak(self) -> int:
-        return self.arguments + self.outputs - self.aliased + self.temporaries
+        return self.arguments + self.outputs - self.aliased + self.temporaries + self.beside
 
 
 def _sds(shape, dtype, sharding_):
@@ -170,12 +171,67 @@ def _vision_estimate(cfg, patches, row_len, ways, *, training=True):
     return saved + block + scores
 
 
+def _grpo_trainer_row(cfg, mesh, rules, state, state_sh, p_bytes, o_bytes, *, images, accum, num_samples,
+                      prompt_length, new_tokens, image_patches):
+    """Returns the Row of the RL trainer's jitted update (`rl.make_grpo_step`) on a batch laid out
+    as `rl.train_batch` + `rl.place_batch` lay it out: each micro-batch's prompts encoded once and
+    their cache repeated for the N captions (`sampling.completion_logprobs`)."""
+    from mocojax.train import rl as rl_lib  # the trainer pulls in the data pipeline; only this row needs it
+
+    groups = images // accum
+    captions = groups * num_samples
+    rows = lambda shape, dim, dtype=jnp.int32: _sds(shape, dtype, sharding.batch_sharding(mesh, shape, dim, rules, strict=False))
+    pixel_values, vision = (_vision_inputs(cfg, mesh, groups, image_patches, (accum,)) if image_patches else (None, None))
+    prompt = sampling.Prompt(rows((accum, groups, prompt_length), 1), rows((accum, groups, prompt_length), 1),
+                             rows((accum, 3, groups, prompt_length), 2), rows((accum, groups), 1), pixel_values, vision)
+    batch = {"prompt": prompt, "completion": rows((accum, captions, new_tokens), 1),
+             "old_logprobs": rows((accum, captions, new_tokens), 1, jnp.float32),
+             "mask": rows((accum, captions, new_tokens), 1), "advantages": rows((accum, captions), 1, jnp.float32),
+             "weight": _sds((accum,), jnp.float32, sharding.replicated(mesh))}
+    settings = dict(clip_eps=0.2, clip_eps_high=0.2, kl_beta=0.0, aggregation="seq_mean_token_mean",
+                    num_samples=num_samples)
+    optimizer = optax.adamw(1e-6, weight_decay=0.0)
+    policy_sh = {k: v for k, v in state_sh.items() if k != "momentum"}
+    policy = {k: v for k, v in state.items() if k != "momentum"}
+    step = rl_lib.make_grpo_step(cfg, optimizer, _Settings(**settings), policy_sh, mesh)
+    mem, secs = _compile(step, policy, batch, None)
+    data_ways = int(np.prod([mesh.shape[a] for a in sharding.DATA_AXES if a in mesh.shape]))
+    tensor = mesh.shape.get("tensor", 1)
+    # Per device: the captions' rows (prompt cache repeated N times, then the caption tokens).
+    per_device = -(-captions // data_ways)
+    analytic = {"params": p_bytes, "grads": p_bytes, "adam": o_bytes,
+                "activations": _activation_estimate(cfg, per_device, new_tokens, tensor)
+                + _activation_estimate(cfg, groups, prompt_length, tensor)}
+    if image_patches:
+        analytic["vision"] = _vision_estimate(cfg, groups * image_patches, vision.row_len, data_ways)
+    images_note = f", {image_patches} patches each" if image_patches else ""
+    # The momentum copy is not an argument of the step but stays on the device beside it.
+    momentum_bytes = sharding.per_device_bytes(state["momentum"], state_sh["momentum"])
+    return Row("RL update (trainer's grpo_step)",
+               f"{images} images x {num_samples} captions x {new_tokens} tok after {prompt_length}-tok prompts"
+               f"{images_note}, {accum} micro", mem.argument_size_in_bytes, mem.output_size_in_bytes,
+               mem.alias_size_in_bytes, mem.temp_size_in_bytes, analytic, secs, beside=momentum_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    """The `rl` config fields make_grpo_step reads."""
+
+    clip_eps: float
+    clip_eps_high: float
+    kl_beta: float
+    aggregation: str
+    num_samples: int
+
+
 def plan(cfg, mesh, rules, *, sft_global_batch, rl_rows_per_device, rl_accum, length, decode_rows_per_device, cache_length,
-         image_patches=0, prompt_length=1024, num_samples=16, lr=1e-5):
+         image_patches=0, prompt_length=1024, num_samples=16, rl_images=8, rl_new_tokens=512, lr=1e-5):
     """Returns a list of Rows for the SFT step, the RL update, a sampler prefill and a decode step of cfg on mesh.
 
     image_patches > 0 gives every training row and every prompt one square image of that many
-    patches (its image tokens count in `length`); 0 leaves the vision tower out.
+    patches (its image tokens count in `length`); 0 leaves the vision tower out. rl_new_tokens > 0
+    adds the RL trainer's own update (`train.rl.grpo_step`) on rl_images groups of num_samples
+    captions of rl_new_tokens tokens after prompts of prompt_length tokens.
     """
     data_ways = int(np.prod([mesh.shape[a] for a in sharding.DATA_AXES if a in mesh.shape]))
     tensor = mesh.shape.get("tensor", 1)
@@ -220,6 +276,10 @@ def plan(cfg, mesh, rules, *, sft_global_batch, rl_rows_per_device, rl_accum, le
     train_row("RL update (GRPO)", rl_loss_fn, rl_rows, rl_accum,
               lambda a, b: {"completion_mask": ((a, b, length - 1), jnp.int32), "old_logprobs": ((a, b, length - 1), jnp.float32),
                             "advantages": ((a, b), jnp.float32)})
+    if rl_new_tokens:
+        rows.append(_grpo_trainer_row(cfg, mesh, rules, state, state_sh, p_bytes, o_bytes, images=rl_images,
+                                      accum=rl_accum, num_samples=num_samples, prompt_length=prompt_length,
+                                      new_tokens=rl_new_tokens, image_patches=image_patches))
 
     t = cfg.text
     b = decode_rows_per_device * data_ways
@@ -245,9 +305,11 @@ def plan(cfg, mesh, rules, *, sft_global_batch, rl_rows_per_device, rl_accum, le
     if image_patches:
         prefill_analytic["vision"] = _vision_estimate(cfg, prompts * image_patches, vision.row_len, data_ways,
                                                       training=False)
+    # During RL the sampler runs while the trainer holds Adam's moments and the momentum copy.
+    held = o_bytes + m_bytes
     rows.append(Row("sampler prefill", f"{prompts} prompts x {prompt_length} tok{images}, x{num_samples} samples",
                     mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes,
-                    mem.temp_size_in_bytes, prefill_analytic, secs))
+                    mem.temp_size_in_bytes, prefill_analytic, secs, beside=held))
 
     cache_shape = (t.num_hidden_layers, b, cache_length, t.num_key_value_heads, t.head_dim)
     cache_sh = sharding.kv_cache_shardings(mesh, cache_shape, rules)
@@ -267,19 +329,21 @@ def plan(cfg, mesh, rules, *, sft_global_batch, rl_rows_per_device, rl_accum, le
     cache_bytes = sharding.per_device_bytes(cache, cache_sh)
     rows.append(Row("decode step", f"{b} rows, cache {cache_length}", mem.argument_size_in_bytes, mem.output_size_in_bytes,
                     mem.alias_size_in_bytes, mem.temp_size_in_bytes,
-                    {"params": p_bytes, "kv_cache": cache_bytes, "logits": b // data_ways * t.vocab_size // tensor * 4 * 2}, secs))
+                    {"params": p_bytes, "kv_cache": cache_bytes, "logits": b // data_ways * t.vocab_size // tensor * 4 * 2}, secs,
+                    beside=held))
     return rows
 
 
 def table(rows, hbm_bytes) -> str:
     """Returns a markdown table of rows with a fits / does-not-fit verdict against hbm_bytes per device."""
-    lines = ["| program | shape | args GB | outputs GB | aliased GB | temps GB | peak GB | analytic GB (parts) | verdict | compile s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| program | shape | args GB | outputs GB | aliased GB | temps GB | held beside GB | peak GB | analytic GB (parts) | verdict | compile s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        parts = ", ".join(f"{k} {v / GB:.1f}" for k, v in r.analytic.items())
+        analytic = {**r.analytic, **({"held beside": r.beside} if r.beside else {})}
+        parts = ", ".join(f"{k} {v / GB:.1f}" for k, v in analytic.items())
         verdict = "fits" if r.peak <= hbm_bytes else "does not fit"
         lines.append(f"| {r.name} | {r.shape} | {r.arguments / GB:.1f} | {r.outputs / GB:.1f} | {r.aliased / GB:.1f} | "
-                     f"{r.temporaries / GB:.1f} | {r.peak / GB:.1f} | {sum(r.analytic.values()) / GB:.1f} ({parts}) | {verdict} | {r.compile_s:.0f} |")
+                     f"{r.temporaries / GB:.1f} | {r.beside / GB:.1f} | {r.peak / GB:.1f} | {sum(analytic.values()) / GB:.1f} ({parts}) | {verdict} | {r.compile_s:.0f} |")
     return "\n".join(lines)
 
 
@@ -305,6 +369,9 @@ def main(argv=None):
                              "a 512x512 image, 256 image tokens); 0 leaves the vision tower out")
     parser.add_argument("--prompt-length", type=int, default=1024, help="tokens per sampler prompt (image tokens included)")
     parser.add_argument("--num-samples", type=int, default=16, help="samples per prompt (N)")
+    parser.add_argument("--rl-images", type=int, default=8, help="images (groups) per RL update, for the trainer's step")
+    parser.add_argument("--rl-new-tokens", type=int, default=512,
+                        help="caption tokens per RL sample for the trainer's step (0: leave that row out)")
     args = parser.parse_args(argv)
     make = model.tiny if args.preset == "tiny" else functools.partial(model.preset, args.preset)
     cfg = make(param_dtype=args.param_dtype, dtype=args.dtype, remat=not args.no_remat, logits_chunk=args.logits_chunk)
@@ -314,7 +381,7 @@ def main(argv=None):
     rows = plan(cfg, mesh, sharding.DEFAULT_RULES, sft_global_batch=args.sft_global_batch, rl_rows_per_device=args.rl_rows_per_device,
                 rl_accum=args.rl_accum, length=args.length, decode_rows_per_device=args.decode_rows_per_device,
                 cache_length=args.cache_length, image_patches=args.image_patches, prompt_length=args.prompt_length,
-                num_samples=args.num_samples)
+                num_samples=args.num_samples, rl_images=args.rl_images, rl_new_tokens=args.rl_new_tokens)
     n = model.count_params(model.abstract_params(cfg))
     print(f"{args.preset}: {n / 1e9:.2f}B params, {args.param_dtype} params, {args.dtype} compute, remat={cfg.remat}, "
           f"logits_chunk={cfg.logits_chunk}, "
