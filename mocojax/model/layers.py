@@ -7,6 +7,8 @@ head_dim, mlp, patch, vision_embed, vision_mlp, layers.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -112,3 +114,20 @@ def stacked(n: int, make):
         return make(rngs)
 
     return build
+
+
+def constrain_rows(x, activation_sharding):
+    """Returns activations x [rows, ...] pinned to rows as activation_sharding (a NamedSharding of
+    [B, L, D], `ModelConfig.activation_sharding`) splits B; other dims unconstrained.
+
+    x is returned as is without a sharding, or when the data axes do not divide its rows (a
+    sampler call of 3 prompts on 8 devices): those are left to XLA's propagation.
+    """
+    if activation_sharding is None:
+        return x
+    axes = activation_sharding.spec[0] if len(activation_sharding.spec) else None
+    names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    if x.shape[0] % math.prod(activation_sharding.mesh.shape[a] for a in names):
+        return x
+    spec = jax.sharding.PartitionSpec(axes, *([None] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(activation_sharding.mesh, spec))

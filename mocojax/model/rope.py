@@ -12,7 +12,6 @@ Two halves:
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -55,13 +54,6 @@ def vision_rope(vision: VisionConfig, rot_pos: jnp.ndarray) -> tuple[jnp.ndarray
     hw = jnp.concatenate([freqs[:, 0], freqs[:, 1]], axis=-1)
     emb = jnp.concatenate([hw, hw], axis=-1)
     return jnp.cos(emb), jnp.sin(emb)
-
-
-def row_ways(activation_sharding) -> int:
-    """Returns how many ways a NamedSharding of activations [B, ...] splits its leading dim."""
-    axes = activation_sharding.spec[0] if len(activation_sharding.spec) else None
-    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    return math.prod(activation_sharding.mesh.shape[a] for a in axes)
 
 
 def rotate_half(x: jnp.ndarray) -> jnp.ndarray:

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mocojax.model.config import TextConfig
-from mocojax.model.layers import RMSNorm, activation, param, scan_layers, stacked
-from mocojax.model.rope import apply_rotary, row_ways
+from mocojax.model.layers import RMSNorm, activation, constrain_rows, param, scan_layers, stacked
+from mocojax.model.rope import apply_rotary
 
 
 class Attention(nnx.Module):
@@ -131,11 +131,7 @@ class TextModel(nnx.Module):
         return self.norm(x), new_cache, hidden_states
 
     def _constrain(self, h):
-        if self.activation_sharding is None or h.shape[0] % row_ways(self.activation_sharding):
-            # Rows the data axes do not divide (a sampler call of 3 prompts on 8 devices) are
-            # left to XLA's propagation rather than refused.
-            return h
-        return jax.lax.with_sharding_constraint(h, self.activation_sharding)
+        return constrain_rows(h, self.activation_sharding)
 
     def logits(self, hidden):
         """Returns float32 logits [B, T, V] (lm_head, or the embedding when tied)."""

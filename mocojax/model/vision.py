@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mocojax.model.config import VisionConfig
-from mocojax.model.layers import Dense, LayerNorm, activation, param, scan_layers, stacked
-from mocojax.model.rope import VisionMeta, apply_rotary, row_ways, vision_rope
+from mocojax.model.layers import Dense, LayerNorm, activation, constrain_rows, param, scan_layers, stacked
+from mocojax.model.rope import VisionMeta, apply_rotary, vision_rope
 
 
 class VisionAttention(nnx.Module):
@@ -87,10 +87,7 @@ class VisionModel(nnx.Module):
 
     def _constrain(self, x):
         """Pins packed activations [rows, R, ...] to rows over the data axes (where they divide)."""
-        if self.activation_sharding is None or x.shape[0] % row_ways(self.activation_sharding):
-            return x
-        spec = jax.sharding.PartitionSpec(self.activation_sharding.spec[0], *([None] * (x.ndim - 1)))
-        return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(self.activation_sharding.mesh, spec))
+        return constrain_rows(x, self.activation_sharding)
 
     def __call__(self, pixel_values, meta: VisionMeta):
         """Returns (tokens [P/m², D_text], deepstack [n_ds, P/m², D_text]) for patches [P, patch_dim].
