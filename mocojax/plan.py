@@ -195,7 +195,7 @@ def _grpo_trainer_row(cfg, mesh, rules, state, state_sh, p_bytes, o_bytes, *, im
     policy = {k: v for k, v in state.items() if k != "momentum"}
     step = rl_lib.make_grpo_step(cfg, optimizer, _Settings(**settings), policy_sh, mesh)
     mem, secs = _compile(step, policy, batch, None)
-    data_ways = int(np.prod([mesh.shape[a] for a in sharding.DATA_AXES if a in mesh.shape]))
+    data_ways = sharding.batch_ways(mesh, rules)
     tensor = mesh.shape.get("tensor", 1)
     # Per device: the captions' rows (prompt cache repeated N times, then the caption tokens).
     per_device = -(-captions // data_ways)
@@ -233,7 +233,7 @@ def plan(cfg, mesh, rules, *, sft_global_batch, rl_rows_per_device, rl_accum, le
     adds the RL trainer's own update (`train.rl.grpo_step`) on rl_images groups of num_samples
     captions of rl_new_tokens tokens after prompts of prompt_length tokens.
     """
-    data_ways = int(np.prod([mesh.shape[a] for a in sharding.DATA_AXES if a in mesh.shape]))
+    data_ways = sharding.batch_ways(mesh, rules)
     tensor = mesh.shape.get("tensor", 1)
     optimizer = optax.adamw(lr, weight_decay=0.0)
     state_sh = sharding.train_state_shardings(cfg, mesh, optimizer, rules)
