@@ -139,16 +139,25 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
+def batch_axes(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> tuple[str, ...]:
+    """Returns the mesh axes the rules' "batch" rule splits rows over, of those `mesh` has."""
+    rule = dict(rules).get("batch")
+    rule = () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
+    return tuple(a for a in rule if a in mesh.shape)
+
+
+def batch_ways(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> int:
+    """Returns how many ways the data axes split a batch dim on `mesh` (1: no data parallelism)."""
+    return math.prod(mesh.shape[a] for a in batch_axes(mesh, rules))
+
+
 def model_config(cfg: model.ModelConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> model.ModelConfig:
     """Returns cfg whose decoder pins hidden states [B, L, D] to rows over the data axes (B must divide them).
 
     Without it XLA follows the weights, split on embed by fsdp, and shards activations by
     embed with the full batch on every device: at 8B, 2048 tokens, 4x the memory per row.
     """
-    rule = dict(rules).get("batch")
-    rule = () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
-    batch_axes = tuple(a for a in rule if a in mesh.shape)
-    return cfg.replace(activation_sharding=NamedSharding(mesh, P(batch_axes or None, None, None)))
+    return cfg.replace(activation_sharding=NamedSharding(mesh, P(batch_axes(mesh, rules) or None, None, None)))
 
 
 def param_shardings(cfg: model.ModelConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES):
@@ -237,26 +246,18 @@ def batch_sharding(mesh: Mesh, shape, batch_dim: int | None = 0, rules: Rules = 
 
 
 def batch_shardings(batch, mesh: Mesh, batch_dims: Mapping[str, int | None] | None = None, *, default_dim: int | None = 0,
-                    rules: Rules = DEFAULT_RULES, strict: bool = True):
+                    rules: Rules = DEFAULT_RULES):
     """Returns shardings for a dict batch (arrays or ShapeDtypeStructs): each top-level entry's batch dim along the data axes.
 
     batch_dims names the batch dim of entries where it is not `default_dim`, e.g.
     {"positions": 1} for positions [3, B, L], {"pixel_values": None} for patch rows that
-    are not per example (replicated). strict as in batch_sharding.
+    are not per example (replicated).
     """
     batch_dims = batch_dims or {}
     return {
-        key: jax.tree.map(lambda x, d=batch_dims.get(key, default_dim): batch_sharding(mesh, x.shape, d, rules, strict=strict),
-                          value)
+        key: jax.tree.map(lambda x, d=batch_dims.get(key, default_dim): batch_sharding(mesh, x.shape, d, rules), value)
         for key, value in batch.items()
     }
-
-
-def batch_ways(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> int:
-    """Returns how many ways the data axes split a batch dim on `mesh` (1: no data parallelism)."""
-    rule = dict(rules).get("batch")
-    rule = () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
-    return math.prod(mesh.shape[a] for a in rule if a in mesh.shape)
 
 
 def mesh_of(tree) -> Mesh | None:
