@@ -10,9 +10,17 @@ Overrides: --config.sft.num_steps=100 --config.optimizer.lr=1e-3 --config.stages
 Rerunning with the same --workdir resumes from the latest checkpoint. Ablations: configs/rl_*.py.
 """
 
+import os
+
 import ml_collections
 
 from mocojax.train import rl_config
+
+# The shipped toy base model (configs/toybase.py builds it) and its architecture.
+BASE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mocojax", "assets", "toybase")
+BASE_MODEL = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
+                  vision_depth=2, vision_hidden=64, deepstack=(0, 1))
+IMAGE_SIZE = 96  # 6x6 patches of 16 px, merged 2x2: 9 image tokens, one per cell of the 3x3 grid
 
 
 def get_config(arg=""):
@@ -31,9 +39,9 @@ def get_config(arg=""):
     config.distributed.process_id = ml_collections.config_dict.placeholder(int)
 
     config.model = ml_collections.ConfigDict()
-    config.model.init_from = ""  # empty: a fresh `model.tiny(**tiny)` sized to the toy tokenizer
-    config.model.tiny = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
-                             vision_depth=2, vision_hidden=64, deepstack=(0, 1))
+    # The toy base model (a pretrained start, as the paper's); "" : a fresh `model.tiny(**tiny)`.
+    config.model.init_from = BASE_DIR
+    config.model.tiny = dict(BASE_MODEL)
     config.model.param_dtype = "float32"
     config.model.dtype = "float32"
     config.model.remat = False  # recompute layers in the backward pass (needed at scale; no result changes)
@@ -41,15 +49,15 @@ def get_config(arg=""):
 
     config.data = ml_collections.ConfigDict()
     config.data.source = "toyworld"
+    config.data.tasks = "roles"  # "roles": the three role prompts; "base": configs/toybase.py's pretraining
     config.data.seed = 0
     config.data.num_train_scenes = 4000
     config.data.num_eval_scenes = 24
     config.data.mix = (2, 1, 1)  # Policy : Generator : Judge records per scene (the paper's 2:1:1)
-    config.data.image_size = 128
-    # 128x128 images at 16 px patches and 2x2 merging: 16 image tokens (the default min_pixels
-    # would upscale them to 256x256 = 64 tokens).
-    config.data.min_pixels = 128 * 128
-    config.data.max_pixels = 128 * 128
+    config.data.image_size = IMAGE_SIZE
+    # Fixed 96x96 images (the default min_pixels would upscale them to 256x256 = 64 tokens).
+    config.data.min_pixels = IMAGE_SIZE * IMAGE_SIZE
+    config.data.max_pixels = IMAGE_SIZE * IMAGE_SIZE
     config.data.max_length = ml_collections.config_dict.placeholder(int)  # None: no truncation
     config.data.tokenizer = ""  # empty: built into <workdir>/tokenizer
     config.data.train_path = ""
@@ -59,7 +67,7 @@ def get_config(arg=""):
     config.data.length_buckets = (128, 256, 640, 768)
     # One role per batch: Policy batches pad to 128 tokens instead of the Generator's 640.
     config.data.group_by_role = True
-    config.data.max_patches = 16 * 64  # one fixed patch count: 16 rows x 64 patches (None: next power of two)
+    config.data.max_patches = 16 * 36  # one fixed patch count: 16 rows x 36 patches (None: next power of two)
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.lr = 2e-3
@@ -80,10 +88,10 @@ def get_config(arg=""):
     config.sft.keep_checkpoints = 2
 
     config.eval = ml_collections.ConfigDict()
-    config.eval.stage = "rl"  # whose latest checkpoint the eval stage scores
-    config.eval.num_scenes = 50
-    config.eval.batch_size = 25
-    config.eval.max_new_tokens = 128
+    config.eval.stage = "sft,rl"  # whose latest checkpoints the eval stage scores: eval_<stage>_<step>.json each
+    config.eval.num_scenes = 200
+    config.eval.batch_size = 100
+    config.eval.max_new_tokens = 160
 
     config.export = ml_collections.ConfigDict()
     config.export.stage = "rl"
@@ -93,12 +101,13 @@ def get_config(arg=""):
     config.rl = rl_config.rl_defaults(tiny=arg == "tiny")
 
     if arg == "tiny":
+        config.model.init_from = ""
         config.model.tiny = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
                                  vision_depth=1, vision_hidden=32, deepstack=(0,))
         config.data.num_train_scenes = 8
         config.data.num_eval_scenes = 2
         config.data.length_buckets = (768,)
-        config.data.max_patches = 2 * 64
+        config.data.max_patches = 2 * 36
         config.sft.num_steps = 4
         config.sft.global_batch_size = 4
         config.sft.grad_accum_steps = 2

@@ -13,7 +13,7 @@ import numpy as np
 
 from mocojax import hf, model, processing, sharding
 from mocojax.data import records as records_lib
-from mocojax.data import toyroles
+from mocojax.data import toybase, toyroles
 from mocojax.train import rl_config
 
 DATA_SOURCES = ("toyworld", "jsonl")
@@ -75,6 +75,10 @@ def validate(config, stages):
         except (TypeError, ValueError) as e:
             _fail("model.tiny", dict(config.model.tiny), str(e))
     _check(config, "data.source", lambda v: v in DATA_SOURCES, f"must be one of {DATA_SOURCES}")
+    if "tasks" in config.data:
+        _check(config, "data.tasks", lambda v: v in ("roles", "base"), "must be 'roles' or 'base'")
+        if config.data.tasks == "base" and config.data.source != "toyworld":
+            _fail("data.tasks", config.data.tasks, "'base' tasks exist for data.source='toyworld' only")
     if config.data.source == "jsonl":
         _check(config, "data.train_path", os.path.isfile, "must be an existing JSONL file")
         _check(config, "data.eval_path", lambda v: not v or os.path.isfile(v), "must be empty or a JSONL file")
@@ -105,7 +109,8 @@ def validate(config, stages):
            f"must be a multiple of grad_accum_steps x processes = {split}")
     for key in ("num_scenes", "batch_size", "max_new_tokens"):
         _check(config, "eval." + key, _positive_int, "must be a positive int")
-    _check(config, "eval.stage", lambda v: v in ("sft", "rl"), "must be 'sft' or 'rl'")
+    _check(config, "eval.stage", lambda v: isinstance(v, str) and v.split(",") and all(
+        part.strip() in ("sft", "rl") for part in v.split(",")), "must be 'sft', 'rl' or 'sft,rl'")
     _check(config, "export.stage", lambda v: v in ("sft", "rl"), "must be 'sft' or 'rl'")
     _check(config, "export.step", lambda v: isinstance(v, int) and v >= -1, "must be -1 (latest) or a step")
     if "rl" in config.stages:
@@ -166,6 +171,9 @@ def build_setup(config, workdir):
 def sft_examples(config):
     """Returns (train examples, held-out examples) of the config's data source."""
     data = config.data
+    if data.source == "toyworld" and data.get("tasks", "roles") == "base":
+        return (toybase.base_records(data.seed, data.num_train_scenes),
+                toybase.base_records(data.seed, data.num_eval_scenes, start=data.num_train_scenes))
     if data.source == "toyworld":
         train = toyroles.sft_records(data.seed, data.num_train_scenes, tuple(data.mix))
         held_out = toyroles.sft_records(data.seed, data.num_eval_scenes, tuple(data.mix),

@@ -29,23 +29,33 @@ def run_rl(config, workdir):
     return importlib.import_module("mocojax.train.rl").run_rl(config, workdir)
 
 
+def eval_stages(config):
+    """Returns the stages whose checkpoints the eval stage scores: config.eval.stage, e.g. "sft,rl"."""
+    return tuple(part.strip() for part in config.eval.stage.split(",") if part.strip())
+
+
 def run_eval(config, workdir):
-    """Scores the latest checkpoint of config.eval.stage on held-out toy-world scenes."""
+    """Scores the latest checkpoint of each of config.eval.stage ("sft", "rl" or "sft,rl") on
+    held-out toy-world scenes; writes <workdir>/eval_<stage>_<step>.json for each."""
     if config.data.source != "toyworld":
         raise ValueError(f"config.data.source={config.data.source!r}: the eval stage scores the toy world only")
-    from mocojax.eval import toyworld_eval
+    from mocojax.eval import toybase_eval, toyworld_eval
     setup = config_utils.build_setup(config, workdir)
-    params, step = checkpoint.restore_params(workdir, config.eval.stage, setup.model_config)
-    result = toyworld_eval.evaluate(setup.model_config, params, setup.processor, seed=config.data.seed,
-                                    start=config.data.num_train_scenes, num_scenes=config.eval.num_scenes,
-                                    batch_size=config.eval.batch_size,
-                                    max_new_tokens=config.eval.max_new_tokens,
-                                    image_size=config.data.image_size)
-    result = {"step": step, **result}
-    with open(os.path.join(workdir, f"eval_{config.eval.stage}_{step}.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    print(toyworld_eval.format_table(result), flush=True)
-    return result
+    results = {}
+    for stage in eval_stages(config):
+        params, step = checkpoint.restore_params(workdir, stage, setup.model_config)
+        # A base-pretraining run (data.tasks="base") is scored on its own tasks, not the roles.
+        scorer = toybase_eval if config.data.get("tasks", "roles") == "base" else toyworld_eval
+        result = scorer.evaluate(setup.model_config, params, setup.processor, seed=config.data.seed,
+                                 start=config.data.num_train_scenes, num_scenes=config.eval.num_scenes,
+                                 batch_size=config.eval.batch_size, max_new_tokens=config.eval.max_new_tokens,
+                                 image_size=config.data.image_size)
+        result = {"stage": stage, "step": step, **result}
+        with open(os.path.join(workdir, f"eval_{stage}_{step}.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        print(toyworld_eval.format_table(result), flush=True)
+        results[stage] = result
+    return results
 
 
 def run_export(config, workdir):

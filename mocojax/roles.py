@@ -78,6 +78,11 @@ def policy_messages(image, instruction=POLICY_INSTRUCTION):
     return [_image_message(image, instruction)]
 
 
+def prompt_messages(prompt, image=None):
+    """Returns a one-turn conversation for a free prompt, with the image first when given."""
+    return [_image_message(image, prompt) if image is not None else _text_message("user", prompt)]
+
+
 def _numbered(captions):
     return "\n".join(f"{k}. {caption}" for k, caption in enumerate(captions, 1))
 

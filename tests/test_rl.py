@@ -151,3 +151,25 @@ def test_rl_end_to_end_policy_moves_momentum_is_ema_roles_get_no_gradient(tmp_pa
     assert len(sample["captions"]) == n and len(sample["rewards"]) == n
     assert len(sample["truth"]["f1"]) == n and len(sample["truth"]["item_true"]) == 2
     assert len(sample["truth"]["decision_right"]) == n
+
+
+def test_judge_gate_refuses_rl_with_a_weak_judge(tmp_path, monkeypatch):
+    """A random-weight Judge is far below a 0.99 gate: with judge_gate_refuse RL stops before
+    any update, naming the measured balanced accuracy; the gate's numbers are logged at step 0."""
+    config = _toy_config()
+    config.rl.judge_gate, config.rl.judge_gate_refuse = 0.99, True
+    updates = []
+    monkeypatch.setattr(rl, "train_batch", lambda *args: updates.append(1))
+    with pytest.raises(RuntimeError, match=r"RL refused: the Judge's balanced accuracy .* is 0\.\d+"):
+        rl.run_rl(config, str(tmp_path))
+    assert updates == []
+
+    config.rl.judge_gate_refuse = False  # warn only: RL runs, the gate is logged at step 0
+    config.rl.num_steps = 1
+    monkeypatch.undo()
+    rl_patterns.patterned_roles(monkeypatch.setattr)
+    rl.run_rl(config, str(tmp_path / "warned"))
+    with open(tmp_path / "warned" / "metrics.jsonl") as f:
+        first = next(row for row in map(json.loads, f) if row["stage"] == "rl")
+    assert first["step"] == 0 and 0.0 <= first["gate/judge_balanced_accuracy"] < 0.99
+    assert first["gate/judge_num_items"] > 0

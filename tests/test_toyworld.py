@@ -105,7 +105,7 @@ def test_records_parse_back_and_are_true(seed):
             assert tw.caption_metrics(scene, example["target"])["f1"] == 1.0
         elif example["role"] == "generator":
             items, problems = roles.parse_rubric(example["target"])
-            assert problems == [] and 1 <= len(items) <= 8
+            assert problems == [] and 1 <= len(items) <= toyroles.MAX_RUBRIC_ITEMS
             assert {i.weight for i in items} <= {1.0, 2.0, 3.0}
             assert toyroles.rubric_truth_rate(scene, items) == (1.0, 0)
             # Complete references meet every item of a rubric that is true of the scene.

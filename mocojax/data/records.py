@@ -218,7 +218,9 @@ def conversation(example, image):
     `image` is the example's PIL image (ignored by Judge examples, which have none).
     """
     role = example["role"]
-    if role == "policy":
+    if "prompt" in example:  # a toy base-model task (data.toybase): one user turn, image optional
+        messages = roles.prompt_messages(example["prompt"], image if role != "judge" else None)
+    elif role == "policy":
         messages = roles.policy_messages(image)
     elif role == "generator":
         messages = roles.generator_messages(image, example["references"], example["candidates"])

@@ -19,6 +19,7 @@ import numpy as np
 
 from mocojax import roles
 from mocojax.data import records as records_lib
+from mocojax.data import toybase
 from mocojax.data import toyworld as tw
 
 WEIGHTS = {"present": 3.0, "absent": 3.0, "attribute": 2.0, "background": 1.0}
@@ -161,6 +162,32 @@ def judge_accuracy(rubric_items, caption, decisions):
     return right / len(scored), len(facts) - len(scored)
 
 
+def judge_confusion(rubric_items, caption, decisions):
+    """Returns counts {"tp", "fn", "tn", "fp", "unreadable"} of a Judge's decisions on one caption.
+
+    Positive = the caption truly meets the item. With these, `balanced_accuracy` is the mean
+    of the true-positive and true-negative rates, which an always-"1" Judge scores 0.5 on.
+    """
+    mentions, background = tw.parse_caption(caption)
+    counts = dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
+    for item, decision in zip(rubric_items, decisions):
+        fact = parse_criterion(item.criterion)
+        if fact is None:
+            counts["unreadable"] += 1
+            continue
+        truth = judge_fact(fact, mentions, background).value
+        said = int(getattr(decision, "value", decision))
+        counts[("t" if said == truth else "f") + ("p" if said else "n")] += 1
+    return counts
+
+
+def balanced_accuracy(counts):
+    """Returns (TPR + TNR) / 2 of confusion counts (a rate without cases counts as 1)."""
+    tpr = counts["tp"] / (counts["tp"] + counts["fn"]) if counts["tp"] + counts["fn"] else 1.0
+    tnr = counts["tn"] / (counts["tn"] + counts["fp"]) if counts["tn"] + counts["fp"] else 1.0
+    return (tpr + tnr) / 2
+
+
 def _referent_for(scene, k, attribute):
     """Returns the shortest description of object k that does not use `attribute`."""
     obj = scene.objects[k]
@@ -174,7 +201,8 @@ def _referent_for(scene, k, attribute):
 def rubric_facts(scene, candidate_captions, max_items=8, min_items=3):
     """Returns the Facts of the target rubric: what the candidates missed, got wrong or invented.
 
-    Ordered by weight (RubiCap's severity scheme), then by first occurrence. When the
+    Ordered by weight (RubiCap's severity scheme; items against invented objects first, so
+    every invented object keeps its item under the cap), then by first occurrence. When the
     candidates leave fewer than `min_items` deficiencies, presence items for the scene's
     objects and the background fill the rubric so it still separates good captions from bad.
     """
@@ -200,7 +228,7 @@ def rubric_facts(scene, candidate_captions, max_items=8, min_items=3):
         fill = [Fact("present", tw.Mention(o.shape, o.colour)) for o in scene.objects]
         facts += [f for f in fill + [Fact("background", value=scene.background)]
                   if f not in facts]
-    order = {kind: rank for rank, kind in enumerate(("present", "absent", "attribute"))}
+    order = {kind: rank for rank, kind in enumerate(("absent", "present", "attribute"))}
     facts.sort(key=lambda f: order.get(f.kind, 3))
     return facts[:max_items]
 
@@ -209,11 +237,20 @@ def _rng(seed, salt, scene):
     return np.random.default_rng([seed, salt, *map(ord, scene.id)])
 
 
+# Share of Judge records that judge a complete reference; the rest judge weak captions.
+JUDGE_REFERENCE_SHARE = 0.05
+MAX_RUBRIC_ITEMS = 10
+
+
 def scene_sft_records(scene, seed, mix=(2, 1, 1), num_candidates=4):
     """Returns the SFT records of one scene: mix = (policy, generator, judge) record counts.
 
     Every record is a dict with id, role, scene_id and target text; Policy and Generator
     records carry the scene (their image), Judge records the rubric and the judged caption.
+    The Generator's candidates are *weak* captions (`toyworld.weak_captions`: erroneous,
+    partial or image-blind, as RL's samples are), so its rubric targets what such captions
+    miss and invent. The Judge grades that rubric on the candidates and on other weak captions
+    of the scene (a small share on a complete reference), so its targets are near half "1".
     Judge targets are exactly right by construction (computed from the parsed caption).
     """
     num_policy, num_generator, num_judge = mix
@@ -222,25 +259,39 @@ def scene_sft_records(scene, seed, mix=(2, 1, 1), num_candidates=4):
     records = [{"id": f"{scene.id}/policy{k}", "role": "policy", "scene_id": scene.id,
                 "scene": scene, "caption_id": ref_ids[k], "target": references[k]}
                for k in range(num_policy)]
-    candidates = tw.candidate_captions(scene, seed, num_candidates * max(1, num_generator))
-    rubric = None
+    rubric = shown = None
     for g in range(max(1, num_generator)):
-        subset = candidates[g * num_candidates:(g + 1) * num_candidates]
-        items = [item_of(f) for f in rubric_facts(scene, [c["caption"] for c in subset])]
-        rubric = rubric or items  # Judge records use the first rubric.
+        subset = tw.weak_captions(scene, seed, num_candidates, salt=g)
+        items = [item_of(f) for f in rubric_facts(scene, [c["caption"] for c in subset],
+                                                  max_items=MAX_RUBRIC_ITEMS)]
+        if rubric is None:  # Judge records use the first rubric.
+            rubric, shown = items, subset
         if g < num_generator:
             records.append({"id": f"{scene.id}/generator{g}", "role": "generator",
                             "scene_id": scene.id, "scene": scene, "references": references[:3],
                             "candidates": [c["caption"] for c in subset],
                             "caption_ids": [c["id"] for c in subset],
                             "target": roles.format_rubric(items)})
-    pool = [(c["id"], c["caption"]) for c in candidates] + list(zip(ref_ids, references))
-    picks = _rng(seed, 3, scene).permutation(len(pool))
+    unseen = tw.weak_captions(scene, seed, num_candidates, salt=1000)
+    pool = [(c["id"], c["caption"]) for c in shown + unseen[:2]]
+    rng = _rng(seed, 3, scene)
     facts = [parse_criterion(item.criterion) for item in rubric]
-    for j in range(num_judge):
-        caption_id, caption = pool[int(picks[j % len(pool)])]
+
+    def decide(caption):
         mentions, background = tw.parse_caption(caption)
-        decisions = [judge_fact(f, mentions, background) for f in facts]
+        return [judge_fact(f, mentions, background) for f in facts]
+
+    for j in range(num_judge):
+        if rng.random() < JUDGE_REFERENCE_SHARE:
+            k = int(rng.integers(len(references)))
+            caption_id, caption = ref_ids[k], references[k]
+            decisions = decide(caption)
+        else:
+            # Of two weak captions, the one that fails more items: absent items hold for most
+            # captions, so plain draws give ~60% "1"; this keeps the targets near half.
+            drawn = [pool[int(i)] for i in rng.choice(len(pool), 2, replace=False)]
+            judged = [(cid, text, decide(text)) for cid, text in drawn]
+            caption_id, caption, decisions = min(judged, key=lambda t: sum(d.value for d in t[2]))
         records.append({"id": f"{scene.id}/judge{j}", "role": "judge", "scene_id": scene.id,
                         "rubric": [list(item) for item in rubric], "caption": caption,
                         "caption_id": caption_id, "target": roles.format_decisions(decisions)})
@@ -282,7 +333,7 @@ def _vocabulary_corpus():
     for fact_kind in ("present", "absent"):
         texts.append(roles.format_rubric([item_of(Fact(fact_kind, tw.Mention("circle", "red")))]))
     texts += [f"its {a} is not given no such circle is named placed" for a in tw.ATTRIBUTES]
-    return texts
+    return texts + toybase.vocabulary_texts()
 
 
 def build_vocabulary():

@@ -2,7 +2,11 @@
 
 Policy: caption precision / recall / F1 against the scene, hallucinated objects per caption.
 Generator: rubric-item truth rate (items true of the scene; unreadable items count false).
-Judge: decision accuracy against the exact truth on the true rubric, for held-out captions.
+Judge: decision accuracy and balanced accuracy against the exact truth on the true rubric, for
+held-out RL-like (weak, partly wrong, image-blind) captions.
+Every score sits next to its trivial baseline: `policy/f1_image_blind` (another scene's
+reference caption), `generator/rubric_truth_other_scene` (another scene's rubric) and
+`judge/accuracy_always_1` (a Judge that says "1" to everything; its balanced accuracy is 0.5).
 Prompts are exactly the SFT records' prompts (`toyroles.scene_sft_records`) without targets.
 """
 
@@ -16,7 +20,7 @@ from mocojax.data import toyworld as tw
 EVAL_MIX = (1, 1, 2)  # Policy, Generator, Judge prompts per held-out scene
 
 
-def _generate(cfg, params, processor, examples, batch_size, max_new_tokens, image_size):
+def generate_texts(cfg, params, processor, examples, batch_size, max_new_tokens, image_size):
     """Returns the greedy completion text of each example (prompt without its target)."""
     texts = []
     for i in range(0, len(examples), batch_size):
@@ -38,37 +42,80 @@ def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max
     scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}
     examples = [r for s in scenes.values() for r in toyroles.scene_sft_records(s, seed, EVAL_MIX)]
     by_role = {role: [e for e in examples if e["role"] == role] for role in records_lib.ROLES}
-    outputs = {role: _generate(cfg, params, processor, by_role[role], batch_size, max_new_tokens, image_size)
+    outputs = {role: generate_texts(cfg, params, processor, by_role[role], batch_size, max_new_tokens, image_size)
                for role in records_lib.ROLES}
 
     policy = [tw.caption_metrics(scenes[e["scene_id"]], text) for e, text in zip(by_role["policy"], outputs["policy"])]
-    truth, unreadable_items, num_items = [], 0, []
+    # Image-blind baseline: each scene captioned with the next held-out scene's reference.
+    order = list(scenes.values())
+    blind = [tw.caption_metrics(scene, tw.reference_captions(order[(k + 1) % len(order)], seed)[0])["f1"]
+             for k, scene in enumerate(order)]
+    truth, truth_other, unreadable_items, num_items = [], [], 0, []
     for e, text in zip(by_role["generator"], outputs["generator"]):
         items, _ = roles.parse_rubric(text)
         rate, unreadable = toyroles.rubric_truth_rate(scenes[e["scene_id"]], items)
         truth.append(rate)
         unreadable_items += unreadable
         num_items.append(len(items))
-    accuracy = []
+    # Baseline: a rubric written for another scene (the next one's target rubric), read on this one.
+    generator_examples = by_role["generator"]
+    for k, e in enumerate(generator_examples):
+        other_items, _ = roles.parse_rubric(generator_examples[(k + 1) % len(generator_examples)]["target"])
+        truth_other.append(toyroles.rubric_truth_rate(scenes[e["scene_id"]], other_items)[0])
+    confusion = dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
+    accuracy, always_1 = [], []
     for e, text in zip(by_role["judge"], outputs["judge"]):
         rubric = [roles.RubricItem(*item) for item in e["rubric"]]
         decisions, _ = roles.parse_decisions(text, len(rubric))
         accuracy.append(toyroles.judge_accuracy(rubric, e["caption"], decisions)[0])
-    return {
+        always_1.append(toyroles.judge_accuracy(rubric, e["caption"], [1] * len(rubric))[0])
+        for key, count in toyroles.judge_confusion(rubric, e["caption"], decisions).items():
+            confusion[key] += count
+    said = confusion["tp"] + confusion["fp"]
+    decided = said + confusion["tn"] + confusion["fn"]
+    result = {
         "policy/f1": float(np.mean([m["f1"] for m in policy])),
+        "policy/f1_image_blind": float(np.mean(blind)),
         "policy/precision": float(np.mean([m["precision"] for m in policy])),
         "policy/recall": float(np.mean([m["recall"] for m in policy])),
         "policy/hallucinated_per_caption": float(np.mean([len(m["hallucinated"]) for m in policy])),
         "policy/caption_words": float(np.mean([len(t.split()) for t in outputs["policy"]])),
+        "policy/distinct_captions": len(set(outputs["policy"])),
         "generator/rubric_truth_rate": float(np.mean(truth)),
+        "generator/rubric_truth_other_scene": float(np.mean(truth_other)),
         "generator/items_per_rubric": float(np.mean(num_items)),
         "generator/unreadable_items": int(unreadable_items),
         "judge/accuracy": float(np.mean(accuracy)),
+        "judge/accuracy_always_1": float(np.mean(always_1)),
+        "judge/balanced_accuracy": float(toyroles.balanced_accuracy(confusion)),
+        "judge/said_1_rate": float(said / max(decided, 1)),
+        "judge/true_1_rate": float((confusion["tp"] + confusion["fn"]) / max(decided, 1)),
         "num_scenes": num_scenes,
         "examples": {role: [{"prompt_id": e["id"], "output": text}
                             for e, text in zip(by_role[role][:3], outputs[role][:3])]
                      for role in records_lib.ROLES},
     }
+    return result
+
+
+def judge_gate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max_new_tokens):
+    """Returns the Judge's {"balanced_accuracy", "accuracy", "accuracy_always_1", "num_items"}
+    on held-out RL-like captions (the Judge records of scenes start..start+num_scenes-1)."""
+    examples = [r for s in tw.make_scenes(seed, num_scenes, start)
+                for r in toyroles.scene_sft_records(s, seed, (0, 0, 2))]
+    outputs = generate_texts(cfg, params, processor, examples, batch_size, max_new_tokens, image_size=0)
+    confusion = dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
+    always_1 = []
+    for e, text in zip(examples, outputs):
+        rubric = [roles.RubricItem(*item) for item in e["rubric"]]
+        decisions, _ = roles.parse_decisions(text, len(rubric))
+        always_1.append(toyroles.judge_accuracy(rubric, e["caption"], [1] * len(rubric))[0])
+        for key, count in toyroles.judge_confusion(rubric, e["caption"], decisions).items():
+            confusion[key] += count
+    decided = sum(confusion[k] for k in ("tp", "fn", "tn", "fp"))
+    return {"balanced_accuracy": float(toyroles.balanced_accuracy(confusion)),
+            "accuracy": (confusion["tp"] + confusion["tn"]) / max(decided, 1),
+            "accuracy_always_1": float(np.mean(always_1)), "num_items": decided}
 
 
 def format_table(result):

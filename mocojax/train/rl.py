@@ -260,10 +260,24 @@ def truth_metrics(truths, rewards):
         out["true/rubric_item_unreadable"] = float(np.mean([v is None for v in items]))
     if decisions:
         out["true/judge_accuracy"] = float(np.mean(decisions))
-    # Does the rubric reward rank captions as the truth does? Pearson r over this step's captions.
+    # Does the rubric reward rank captions as the truth does? Pearson r over this step's captions,
+    # and (what GRPO uses: ranks within a group) the mean r within groups where both vary.
     if np.std(f1) > 0 and np.std(rewards) > 0:
         out["true/reward_f1_corr"] = float(np.corrcoef(np.ravel(rewards), f1)[0, 1])
+    within = within_group_corr(rewards, [t["f1"] for t in truths])
+    if within is not None:
+        out["true/reward_f1_corr_within"] = within
     return out
+
+
+def within_group_corr(rewards, f1):
+    """Returns the mean over groups of Pearson r(reward, true F1) within the group, or None.
+
+    rewards, f1 [G, N]. Groups where either side is constant carry no ranking and are left out.
+    """
+    rs = [np.corrcoef(r, f)[0, 1] for r, f in zip(np.asarray(rewards, np.float64), np.asarray(f1, np.float64))
+          if np.std(r) > 0 and np.std(f) > 0]
+    return float(np.mean(rs)) if rs else None
 
 
 def sample_rows(step, rollout, truths):
@@ -321,6 +335,33 @@ def _evaluate(config, setup, params, cfg):
     return {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
 
 
+def judge_gate(config, setup, judge_params, cfg):
+    """Scores the Judge that RL starts with on held-out RL-like toy captions; returns
+    {"gate/judge_balanced_accuracy", ...}. Below config.rl.judge_gate it warns loudly, or
+    raises when config.rl.judge_gate_refuse is set: a Judge that cannot tell a caption that
+    meets an item from one that does not gives rewards without signal about quality."""
+    from mocojax.eval import toyworld_eval
+
+    rl = config.rl
+    gate = toyworld_eval.judge_gate(cfg, judge_params, setup.processor, seed=config.data.seed,
+                                    start=config.data.num_train_scenes, num_scenes=rl.judge_gate_scenes,
+                                    batch_size=config.eval.batch_size, max_new_tokens=rl.judge_max_new_tokens)
+    score = gate["balanced_accuracy"]
+    message = (f"the Judge's balanced accuracy on held-out RL-like captions is {score:.3f} "
+               f"(accuracy {gate['accuracy']:.3f}; an always-1 Judge: accuracy {gate['accuracy_always_1']:.3f}, "
+               f"balanced 0.5), threshold config.rl.judge_gate={rl.judge_gate}")
+    if score < rl.judge_gate:
+        if rl.judge_gate_refuse:
+            raise RuntimeError(f"RL refused: {message}. Train the roles longer (config.sft.num_steps) "
+                               "or set config.rl.judge_gate_refuse=False to run anyway.")
+        logging.warning("!" * 80)
+        logging.warning("JUDGE GATE FAILED: %s. Rewards will carry little signal about caption quality.", message)
+        logging.warning("!" * 80)
+    else:
+        logging.info("judge gate passed: %s", message)
+    return {f"gate/judge_{k}": v for k, v in gate.items()}
+
+
 def run_rl(config, workdir):
     """Runs (or resumes) Stage II as config.rl says; returns the final step's metrics."""
     rl = config.rl
@@ -370,7 +411,9 @@ def run_rl(config, workdir):
     writer = metrics_lib.MetricWriter(workdir, "rl", total_steps=rl.num_steps, initial_step=start)
     is_toy = config.data.source == "toyworld"
     if is_toy and start == 0:
-        writer.write(0, _evaluate(config, setup, state["params"], cfg))
+        judge_params = role_momentum.params_for("judge", state["momentum"], state["params"])
+        gate = judge_gate(config, setup, judge_params, cfg)
+        writer.write(0, {**gate, **(_evaluate(config, setup, state["params"], cfg) if rl.eval_every else {})})
     # Delta_s = ||theta_s - theta_{s-1}|| between syncs; with H = 1 it is the update's norm.
     theta_at_sync = jax.tree.map(jnp.copy, state["params"]) if rl.sync_every > 1 else None
     samples_path = os.path.join(workdir, "rl_samples.jsonl")

@@ -53,8 +53,14 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.judge_temperature = 0.0
     rl.judge_max_new_tokens = 72  # toy decisions: at most 61 tokens
 
+    # Before the first update (toy world): the Judge's balanced accuracy on held-out RL-like
+    # captions; below judge_gate RL warns loudly, or refuses when judge_gate_refuse is set.
+    rl.judge_gate = 0.85
+    rl.judge_gate_refuse = False
+    rl.judge_gate_scenes = 50
+
     rl.log_samples_every = 5  # K: one step's groups go to <workdir>/rl_samples.jsonl
-    rl.eval_every = 0  # held-out toy-world caption eval every n steps (0: at start and end only)
+    rl.eval_every = 0  # > 0: held-out toy-world eval at the start and every n steps (0: none; the eval stage scores checkpoints)
     rl.checkpoint_every = 20
     rl.keep_checkpoints = 2
 
@@ -69,6 +75,7 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
         rl.judge_max_new_tokens = 8
         rl.log_samples_every = 1
         rl.checkpoint_every = 2
+        rl.judge_gate_scenes = 2
     return rl
 
 
@@ -81,7 +88,7 @@ def validate(rl) -> None:
     positive = ("num_steps", "images_per_step", "grad_accum_steps", "num_samples", "subset_size",
                 "sync_every", "max_new_tokens", "generator_max_new_tokens",
                 "judge_max_new_tokens", "log_samples_every", "checkpoint_every",
-                "keep_checkpoints")
+                "keep_checkpoints", "judge_gate_scenes")
     for key in positive:
         value = rl[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -107,6 +114,10 @@ def validate(rl) -> None:
         _fail("clip_eps", rl.clip_eps, "must be in [0, 1)")
     if rl.clip_eps_high < 0.0:
         _fail("clip_eps_high", rl.clip_eps_high, "must be >= 0")
+    if not 0.0 <= rl.judge_gate <= 1.0:
+        _fail("judge_gate", rl.judge_gate, "must be in [0, 1] (a balanced accuracy)")
+    if not isinstance(rl.judge_gate_refuse, bool):
+        _fail("judge_gate_refuse", rl.judge_gate_refuse, "must be True or False")
     if rl.kl_beta < 0.0:
         _fail("kl_beta", rl.kl_beta, "must be >= 0")
     if rl.lr <= 0.0:

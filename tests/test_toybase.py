@@ -1,0 +1,157 @@
+"""The toy base model's tasks, the RL-like role data, and the honest-metric helpers."""
+
+import collections
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mocojax import roles
+from mocojax.data import toybase, toyroles
+from mocojax.data import toyworld as tw
+from mocojax.data.toyworld import Mention, Obj, Scene
+from mocojax.train import rl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCENE = Scene("toy0-000001", "gray", (Obj("circle", "red", "large", "top left"),
+                                      Obj("star", "blue", "small", "center"),
+                                      Obj("circle", "green", "small", "bottom right")))
+
+
+def test_grid_listing_and_read_listing_by_hand():
+    assert toybase.grid_listing(SCENE) == ("top left: large red circle. center: small blue star. "
+                                           "bottom right: small green circle. background: gray.")
+    mentions, background = tw.parse_caption("A red circle at the top left and a big star.")
+    assert toybase.read_listing(mentions, background) == (
+        "red circle at the top left. large star. background: not given.")
+    assert toybase.read_listing([], None) == "no objects. background: not given."
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_base_targets_are_true_of_their_scene(seed):
+    scenes = {s.id: s for s in tw.make_scenes(seed, 120)}
+    counts = collections.Counter()
+    for record in toybase.base_records(seed, 120):
+        scene, task, target = scenes[record["scene_id"]], record["task"], record["target"]
+        counts[task, target] = counts[task, target] + 1
+        cells = {o.position: o for o in scene.objects}
+        if task == "grid":
+            assert target == toybase.grid_listing(scene)
+        elif task == "cell":
+            cell = record["prompt"][len("What is at the "):-1]
+            obj = cells.get(cell)
+            assert target == (f"a {obj.size} {obj.colour} {obj.shape}" if obj else "nothing")
+        elif task == "find":
+            colour, shape = record["prompt"][len("Where is the "):-1].split()
+            obj = next((o for o in scene.objects if (o.shape, o.colour) == (shape, colour)), None)
+            assert target == (f"at the {obj.position}" if obj else f"there is no {colour} {shape}")
+        elif task == "caption":
+            assert tw.caption_metrics(scene, target)["f1"] == 1.0
+        elif task == "read":
+            caption = record["caption"]
+            assert record["prompt"] == f"Caption: {caption}\n{toybase.READ_PROMPT}"
+            assert target == toybase.read_listing(*tw.parse_caption(caption))
+        elif task == "names":
+            mentions, _ = tw.parse_caption(record["caption"])
+            colour, shape = record["prompt"].rsplit("name a ", 1)[1][:-1].split()
+            assert (target == "yes") == any((m.colour, m.shape) == (colour, shape) for m in mentions)
+        assert "scene" in record if task in toybase.IMAGE_TASKS else "caption" in record
+    # Both answers of the yes/no and "nothing" questions occur: no task is answerable by a prior alone.
+    assert counts["names", "yes"] and counts["names", "no"]
+    assert sum(v for (t, a), v in counts.items() if t == "cell" and a != "nothing") > counts["cell", "nothing"] / 2
+
+
+def test_base_records_deterministic_and_validated():
+    assert toybase.base_records(5, 6) == toybase.base_records(5, 6)
+    assert toybase.base_records(5, 2, start=4) == toybase.base_records(5, 6)[-len(toybase.base_records(5, 2, 4)):]
+    with pytest.raises(ValueError, match="unknown base tasks"):
+        toybase.scene_base_records(SCENE, 0, {"grid": 1, "riddle": 1})
+
+
+def test_base_score_by_hand():
+    record = {"task": "cell", "target": "a large red circle"}
+    assert toybase.score(record, "a large red circle") == 1.0
+    assert toybase.score(record, " A large  red circle ") == 1.0
+    assert toybase.score(record, "a large red square") == 0.0
+    caption = {"task": "caption", "scene": SCENE}
+    # 2 of the scene's 13 facts stated, both right: P = 1, R = 2/13, F1 = 4/15.
+    assert toybase.score(caption, "a red circle") == pytest.approx(4 / 15)
+
+
+def test_weak_captions_are_weak_and_varied():
+    kinds, f1 = collections.Counter(), collections.defaultdict(list)
+    for scene in tw.make_scenes(0, 300):
+        for caption in tw.weak_captions(scene, 0):
+            kinds[caption["kind"]] += 1
+            f1[caption["kind"]].append(tw.caption_metrics(scene, caption["caption"])["f1"])
+    assert set(kinds) == set(tw.WEAK_KINDS)
+    assert np.mean(f1["complete"]) == 1.0
+    assert np.mean(f1["blind"]) < 0.3 < np.mean(f1["partial"]) < np.mean(f1["errors"]) < 0.9
+    assert 0.5 < np.mean([v for vs in f1.values() for v in vs]) < 0.7
+    assert tw.weak_captions(SCENE, 0) == tw.weak_captions(SCENE, 0)
+    assert tw.weak_captions(SCENE, 0, salt=1) != tw.weak_captions(SCENE, 0)
+
+
+def test_role_records_look_like_rl():
+    """Judge targets near half "1", few judged references, an absent item per invented object."""
+    ones, references, judge = [], 0, 0
+    for scene in tw.make_scenes(2, 300):
+        records = toyroles.scene_sft_records(scene, 2, mix=(2, 1, 2))
+        generator = next(r for r in records if r["role"] == "generator")
+        items, _ = roles.parse_rubric(generator["target"])
+        facts = [toyroles.parse_criterion(i.criterion) for i in items]
+        invented = set()
+        for caption in generator["candidates"]:
+            mentions, _ = tw.parse_caption(caption)
+            for m, k in zip(mentions, tw.match_mentions(scene, mentions)):
+                if k is None and m.colour and not any((o.shape, o.colour) == (m.shape, m.colour)
+                                                      for o in scene.objects):
+                    invented.add((m.shape, m.colour))
+        absent = {(f.referent.shape, f.referent.colour) for f in facts if f.kind == "absent"}
+        assert absent == invented or len(items) == toyroles.MAX_RUBRIC_ITEMS
+        for r in records:
+            if r["role"] == "judge":
+                decisions, _ = roles.parse_decisions(r["target"], len(r["rubric"]))
+                ones += [d.value for d in decisions]
+                references += "/ref" in r["caption_id"]
+                judge += 1
+    assert 0.4 <= np.mean(ones) <= 0.6
+    assert references / judge <= 0.1
+
+
+def test_judge_confusion_and_balanced_accuracy_by_hand():
+    rubric = [toyroles.item_of(toyroles.Fact("present", Mention("circle", "red"))),
+              toyroles.item_of(toyroles.Fact("absent", Mention("star", "green"))),
+              toyroles.item_of(toyroles.Fact("background", value="white")),
+              roles.RubricItem("the caption is vivid", "", 1.0)]
+    caption = "A red circle and a green star on a black background."  # truth: 1, 0, 0, unreadable
+    always_1 = toyroles.judge_confusion(rubric, caption, [1, 1, 1, 1])
+    assert always_1 == dict(tp=1, fn=0, tn=0, fp=2, unreadable=1)
+    assert toyroles.balanced_accuracy(always_1) == 0.5
+    mixed = toyroles.judge_confusion(rubric, caption, [0, 0, 1, 0])
+    assert mixed == dict(tp=0, fn=1, tn=1, fp=1, unreadable=1)
+    assert toyroles.balanced_accuracy(mixed) == 0.25
+
+
+def test_within_group_corr_by_hand():
+    rewards = [[0.0, 0.5, 1.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.5]]
+    f1 = [[0.1, 0.2, 0.3], [0.1, 0.5, 0.9], [0.2, 0.4, 0.6]]
+    # Group 0: r = 1; group 1: constant reward (left out); group 2: r = -0.5.
+    assert rl.within_group_corr(rewards, f1) == pytest.approx(0.25)
+    assert rl.within_group_corr([[1.0, 1.0]], [[0.1, 0.2]]) is None
+
+
+def test_short_base_build_is_deterministic(tmp_path):
+    """Two short builds of the base (configs/toybase.py:tiny) export byte-identical weights."""
+    exported = []
+    for name in ("a", "b"):
+        workdir = tmp_path / name
+        subprocess.run([sys.executable, "-m", "mocojax.main", "--config", "configs/toybase.py:tiny",
+                        "--workdir", str(workdir)], cwd=ROOT, check=True, capture_output=True, timeout=600)
+        with open(workdir / "hf" / "model.safetensors", "rb") as f:
+            exported.append(f.read())
+        assert (workdir / "hf" / "tokenizer.json").is_file()
+        assert list(workdir.glob("eval_sft_*.json"))
+    assert exported[0] == exported[1]
