@@ -12,13 +12,15 @@ this rebuilds it exactly (same seed, same machine type: the run is deterministic
   python -m mocojax.main --config configs/toybase.py:tiny --workdir /tmp/toybase_tiny   # seconds, for tests
 """
 
+import ml_collections
+
 from configs import toyworld
 
 
 def get_config(arg=""):
     """Returns the base-pretraining config; arg "tiny" shrinks model, data and steps for a smoke run."""
     config = toyworld.get_config(arg)
-    config.stages = ("sft", "eval", "export")
+    config.stages = ("vision", "sft", "eval", "export")
     config.model.init_from = ""  # from random weights
     config.model.tiny = dict(toyworld.BASE_MODEL)
     config.data.tasks = "base"
@@ -27,10 +29,16 @@ def get_config(arg=""):
     config.data.length_buckets = (64, 128, 192)
     config.data.max_patches = None  # every image has 36 patches; a batch takes the next power of two
     config.data.group_by_role = True  # image tasks and text tasks in separate batches
+    # Step one (mocojax.train.toyvision): the vision tower learns to label each cell's token.
+    config.vision = ml_collections.ConfigDict()
+    config.vision.num_steps = 600
+    config.vision.batch_size = 64
+    config.vision.lr = 3e-3
+    config.sft.init_stage = "vision"
     config.optimizer.lr = 3e-3
     config.optimizer.warmup_ratio = 0.02
     config.optimizer.end_lr_ratio = 0.1
-    config.sft.num_steps = 5000
+    config.sft.num_steps = 2500
     config.sft.global_batch_size = 32
     config.sft.eval_every = 500
     config.sft.checkpoint_every = 250
@@ -47,6 +55,8 @@ def get_config(arg=""):
         config.data.num_eval_scenes = 2
         config.data.length_buckets = (192,)
         config.sft.num_steps = 3
+        config.vision.num_steps = 2
+        config.vision.batch_size = 4
         config.sft.global_batch_size = 8
         config.sft.grad_accum_steps = 1
         config.eval.num_scenes = 2

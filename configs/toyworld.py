@@ -86,6 +86,7 @@ def get_config(arg=""):
     config.sft.eval_every = 100
     config.sft.checkpoint_every = 100
     config.sft.keep_checkpoints = 2
+    config.sft.init_stage = ""  # a stage of this workdir whose checkpoint SFT starts from ("" : model.init_from)
 
     config.eval = ml_collections.ConfigDict()
     config.eval.stage = "sft,rl"  # whose latest checkpoints the eval stage scores: eval_<stage>_<step>.json each

@@ -68,7 +68,12 @@ def run_export(config, workdir):
     return {"step": step, "out_dir": out_dir}
 
 
-STAGES = {"sft": sft.run_sft, "rl": run_rl, "eval": run_eval, "export": run_export}
+def run_vision(config, workdir):
+    """Toy base, step one: pretrain the vision tower on labelled cells (mocojax.train.toyvision)."""
+    return importlib.import_module("mocojax.train.toyvision").run_vision(config, workdir)
+
+
+STAGES = {"vision": run_vision, "sft": sft.run_sft, "rl": run_rl, "eval": run_eval, "export": run_export}
 MULTI_HOST_STAGES = ("sft", "rl")
 
 

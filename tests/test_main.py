@@ -3,6 +3,7 @@
 import os
 import signal
 import importlib.util
+import json
 import subprocess
 import sys
 import time
@@ -102,3 +103,30 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run_bitwise(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     straight_params, resumed_params = _final_params(tmp_path / "straight"), _final_params(killed)
     jax.tree.map(np.testing.assert_array_equal, straight_params, resumed_params)
+
+
+def test_eval_stage_scores_sft_and_rl_checkpoints_with_baselines(tmp_path):
+    """eval.stage="sft,rl" writes eval_sft_<step>.json and eval_rl_<step>.json, each with the
+    honest metrics next to their trivial baselines."""
+    config = toyworld.get_config("tiny")
+    config.stages = ("eval",)
+    workdir = str(tmp_path)
+    setup = config_utils.build_setup(config, workdir)
+    params = setup.load_params()
+    for stage, step in (("sft", 4), ("rl", 3)):
+        manager = checkpoint.Manager(workdir, stage, keep=1)
+        manager.save(step, {"params": params, "step": np.int32(step), "rng": jax.random.key(0)}, {})
+        manager.close()
+    results = main.run(config, workdir)["eval"]
+    assert sorted(results) == ["rl", "sft"]
+    for stage, step in (("sft", 4), ("rl", 3)):
+        path = tmp_path / f"eval_{stage}_{step}.json"
+        assert path.is_file()
+        with open(path) as f:
+            result = json.load(f)
+        assert result["stage"] == stage and result["step"] == step
+        for key in ("policy/f1", "policy/f1_image_blind", "policy/hallucinated_per_caption", "policy/caption_words",
+                    "judge/balanced_accuracy", "judge/accuracy_always_1", "generator/rubric_truth_rate",
+                    "generator/rubric_truth_other_scene"):
+            assert np.isfinite(result[key]), key
+        assert result["num_scenes"] == config.eval.num_scenes

@@ -229,7 +229,14 @@ def run_sft(config, workdir):
                             abstract, state_shardings)
     restored = manager.restore_latest(abstract)
     if restored is None:
-        params = setup.load_params(place=sharding.placer(cfg, mesh)) if config.model.init_from else None
+        init_stage = sft.get("init_stage", "")
+        if init_stage:  # e.g. "vision": the toy base starts from its pretrained vision tower
+            params = checkpoint.restore_params(workdir, init_stage, setup.model_config,
+                                               shardings=sharding.param_shardings(cfg, mesh))[0]
+        elif config.model.init_from:
+            params = setup.load_params(place=sharding.placer(cfg, mesh))
+        else:
+            params = None
         state, _ = sharding.init_train_state(cfg, mesh, optimizer, jax.random.key(config.seed),
                                              params=params, with_momentum=False)
         skipped = 0
