@@ -75,6 +75,8 @@ def validate(config, stages):
         except (TypeError, ValueError) as e:
             _fail("model.tiny", dict(config.model.tiny), str(e))
     _check(config, "data.source", lambda v: v in DATA_SOURCES, f"must be one of {DATA_SOURCES}")
+    if config.model.init_from and config.data.source == "toyworld" and config.data.get("tasks", "roles") == "roles":
+        _check_base_overlap(config)
     if "tasks" in config.data:
         _check(config, "data.tasks", lambda v: v in ("roles", "base"), "must be 'roles' or 'base'")
         if config.data.tasks == "base" and config.data.source != "toyworld":
@@ -117,6 +119,41 @@ def validate(config, stages):
         if "rl" not in config:
             _fail("rl", None, "the rl stage needs an `rl` block (mocojax.train.rl_config.rl_defaults)")
         rl_config.validate(config.rl)
+
+
+BASE_MANIFEST = "toybase.json"
+
+
+def write_base_manifest(config, out_dir, step):
+    """Writes <out_dir>/toybase.json: which toy scenes a base model trained on (so no eval uses them)."""
+    import json
+
+    seen = [{"seed": config.data.seed, "start": 0, "count": config.data.num_train_scenes + config.data.num_eval_scenes}]
+    if "vision" in config.stages and "vision" in config:
+        seen.append({"seed": config.data.seed + 7, "start": 0,
+                     "count": config.vision.num_steps * config.vision.batch_size})
+    with open(os.path.join(out_dir, BASE_MANIFEST), "w") as f:
+        json.dump({"step": step, "scenes_seen": seen, "image_size": config.data.image_size,
+                   "built_by": "python -m mocojax.main --config configs/toybase.py"}, f, indent=1)
+
+
+def _check_base_overlap(config):
+    """Refuses a toy run whose held-out eval scenes the base model (model.init_from) trained on."""
+    import json
+
+    path = os.path.join(config.model.init_from, BASE_MANIFEST)
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        seen = json.load(f)["scenes_seen"]
+    start = config.data.num_train_scenes
+    stop = start + max(config.eval.num_scenes, config.data.num_eval_scenes)
+    for block in seen:
+        if block["seed"] == config.data.seed and block["start"] < stop and start < block["start"] + block["count"]:
+            _fail("data.seed", config.data.seed,
+                  f"the base model {config.model.init_from} trained on scenes {block['start']}.."
+                  f"{block['start'] + block['count'] - 1} of this seed, which hold the held-out scenes "
+                  f"{start}..{stop - 1}; pick another data seed (seen: {sorted({b['seed'] for b in seen})})")
 
 
 @dataclasses.dataclass

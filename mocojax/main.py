@@ -65,6 +65,8 @@ def run_export(config, workdir):
     step = None if config.export.step == -1 else config.export.step
     step = checkpoint.export_hf(workdir, config.export.stage, setup.model_config, out_dir,
                                 setup.tokenizer_path, step)
+    if config.data.get("tasks", "roles") == "base":
+        config_utils.write_base_manifest(config, out_dir, step)
     return {"step": step, "out_dir": out_dir}
 
 

@@ -170,7 +170,8 @@ def test_cell_labels_follow_the_merged_token_order():
 
 
 def test_vision_stage_learns_to_label_cells(tmp_path):
-    """40 steps of the vision stage take the probe from chance to reading backgrounds and colours."""
+    """80 steps of the vision stage (the base's tower) take the probe from chance to reading
+    backgrounds, colours and sizes (the cell head needs ~200 steps: docs/toyworld.md)."""
     import importlib.util
     import json
 
@@ -182,11 +183,38 @@ def test_vision_stage_learns_to_label_cells(tmp_path):
     finally:
         sys.path.remove(ROOT)
     config = module.get_config("tiny")
-    config.vision.num_steps, config.vision.batch_size = 40, 16
+    config.model.tiny = dict(module.toyworld.BASE_MODEL)
+    config.vision.num_steps, config.vision.batch_size = 80, 16
     from mocojax.train import toyvision
     toyvision.run_vision(config, str(tmp_path))
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     first, last = rows[0], rows[-1]
     assert first["acc_background"] < 0.6 and last["acc_background"] > 0.95
-    assert last["acc_colour"] > max(first["acc_colour"], 0.75)
+    assert last["acc_colour"] > max(first["acc_colour"], 0.8)
+    assert last["acc_size"] > max(first["acc_size"], 0.8)
     assert (tmp_path / "checkpoints" / "vision").is_dir()
+
+
+def test_validation_refuses_eval_scenes_the_base_trained_on(tmp_path):
+    """The shipped base records the scenes it saw (toybase.json); a toy run whose held-out scenes
+    are among them fails validation naming config.data.seed."""
+    import importlib.util
+    import json
+
+    from mocojax import config_utils, main
+
+    spec = importlib.util.spec_from_file_location("toyworld_config", os.path.join(ROOT, "configs", "toyworld.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    (base / config_utils.BASE_MANIFEST).write_text(json.dumps(
+        {"scenes_seen": [{"seed": 0, "start": 0, "count": 20064}, {"seed": 7, "start": 0, "count": 38400}]}))
+    config = module.get_config("tiny")
+    config.model.init_from = str(base)
+    config.data.seed = 0
+    with pytest.raises(ValueError, match=r"config.data.seed=0: the base model .* trained on scenes 0..20063"):
+        config_utils.validate(config, main.STAGES)
+    config.data.seed = 1
+    config_utils.validate(config, main.STAGES)

@@ -49,9 +49,9 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.top_k = 0
     rl.max_new_tokens = 64  # caption tokens (toy references: at most 52)
     rl.generator_temperature = 0.0
-    rl.generator_max_new_tokens = 128  # toy rubrics: at most 117 tokens
+    rl.generator_max_new_tokens = 192  # toy rubrics: at most 178 tokens
     rl.judge_temperature = 0.0
-    rl.judge_max_new_tokens = 72  # toy decisions: at most 61 tokens
+    rl.judge_max_new_tokens = 112  # toy decisions: at most 96 tokens
 
     # Before the first update (toy world): the Judge's balanced accuracy on held-out RL-like
     # captions; below judge_gate RL warns loudly, or refuses when judge_gate_refuse is set.
