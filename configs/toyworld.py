@@ -14,10 +14,11 @@ import os
 
 import ml_collections
 
+from mocojax import assets
 from mocojax.train import rl_config
 
 # The shipped toy base model (configs/toybase.py builds it) and its architecture.
-BASE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mocojax", "assets", "toybase")
+BASE_DIR = os.path.join(os.path.dirname(assets.__file__), "toybase")
 BASE_MODEL = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
                   vision_depth=2, vision_hidden=64, deepstack=(0, 1))
 IMAGE_SIZE = 96  # 6x6 patches of 16 px, merged 2x2: 9 image tokens, one per cell of the 3x3 grid
@@ -94,7 +95,7 @@ def get_config(arg=""):
     config.eval.stage = "sft,rl"  # whose latest checkpoints the eval stage scores: eval_<stage>_<step>.json each
     config.eval.num_scenes = 200
     config.eval.batch_size = 100
-    config.eval.max_new_tokens = 160
+    config.eval.max_new_tokens = 192  # toy rubrics: at most 178 tokens
 
     config.export = ml_collections.ConfigDict()
     config.export.stage = "rl"

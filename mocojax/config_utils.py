@@ -129,7 +129,7 @@ def write_base_manifest(config, out_dir, step):
     import json
 
     seen = [{"seed": config.data.seed, "start": 0, "count": config.data.num_train_scenes + config.data.num_eval_scenes}]
-    if "vision" in config.stages and "vision" in config:
+    if config.sft.get("init_stage") == "vision":  # the tower was pretrained on its own scenes
         seen.append({"seed": config.data.seed + 7, "start": 0,
                      "count": config.vision.num_steps * config.vision.batch_size})
     with open(os.path.join(out_dir, BASE_MANIFEST), "w") as f:

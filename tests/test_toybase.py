@@ -218,3 +218,30 @@ def test_validation_refuses_eval_scenes_the_base_trained_on(tmp_path):
         config_utils.validate(config, main.STAGES)
     config.data.seed = 1
     config_utils.validate(config, main.STAGES)
+
+
+def test_shipped_base_is_what_the_default_config_loads():
+    """mocojax/assets/toybase is a loadable HF directory of the default config's architecture,
+    whose tokenizer writes every role record and base task without <unk>."""
+    from mocojax import model, processing
+    from mocojax.data import records
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("toyworld_config", os.path.join(ROOT, "configs", "toyworld.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    base = config.model.init_from
+    assert os.path.isfile(os.path.join(base, "model.safetensors"))
+    assert os.path.isfile(os.path.join(base, "toybase.json"))
+    cfg = model.ModelConfig.from_pretrained(base)
+    dims = module.BASE_MODEL
+    assert (cfg.text.hidden_size, cfg.text.num_hidden_layers, cfg.vision.depth, cfg.vision.hidden_size) == (
+        dims["hidden_size"], dims["num_layers"], dims["vision_depth"], dims["vision_hidden"])
+    tokenizer = processing.load_tokenizer(base)
+    texts = [m["content"] if isinstance(m["content"], str) else part["text"]
+             for r in toyroles.sft_records(3, 30) + toybase.base_records(3, 30)
+             for m in records.conversation(r, None) for part in (m["content"] if isinstance(m["content"], list) else [m])
+             if isinstance(m["content"], str) or part.get("type") == "text"]
+    for text in texts:
+        assert tokenizer.unk_token_id not in tokenizer(text, add_special_tokens=False)["input_ids"], text

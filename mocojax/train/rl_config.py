@@ -14,7 +14,7 @@ MOMENTUM_SCHEDULES = ("constant", "byol_cosine")
 def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     """Returns the `rl` config block: the method (shared init, m = 0.99, H = 1) on the toy world."""
     rl = ml_collections.ConfigDict()
-    rl.num_steps = 60  # paper: 600
+    rl.num_steps = 100  # paper: 600
     rl.images_per_step = 4  # groups per Policy update (paper: per-device batch 8)
     rl.grad_accum_steps = 2  # paper: 2; each micro-batch holds images_per_step / 2 whole groups
     rl.num_samples = 8  # N captions per image (paper: 16)
@@ -23,7 +23,7 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
 
     # The Policy's optimiser: AdamW settings come from config.optimizer, these override its
     # schedule (paper: lr 1e-6, cosine, 5% warmup).
-    rl.lr = 2e-4  # the SFT lr / 10, the paper's ratio
+    rl.lr = 2e-4  # the toy SFT lr / 5 (paper: SFT lr / 10); the toy run has 100 updates, the paper 600
     rl.warmup_ratio = 0.05
     rl.end_lr_ratio = 0.1
 
