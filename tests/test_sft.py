@@ -22,9 +22,9 @@ def train_step(setup):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     tokenizer_dir = toyroles.build_tokenizer(str(tmp_path_factory.mktemp("tok")))
-    processor = processing.Processor(processing.load_tokenizer(tokenizer_dir), min_pixels=128 * 128,
-                                     max_pixels=128 * 128)
-    cfg = model.tiny(vocab_size=576, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
+    tokenizer = processing.load_tokenizer(tokenizer_dir)
+    processor = processing.Processor(tokenizer, min_pixels=128 * 128, max_pixels=128 * 128)
+    cfg = model.tiny(vocab_size=-(-len(tokenizer) // 64) * 64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
                      vision_depth=1, vision_hidden=32, deepstack=(0,),
                      image_token_id=processor.image_token_id, video_token_id=processor.video_token_id,
                      vision_start_token_id=processor.vision_start_token_id,

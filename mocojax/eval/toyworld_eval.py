@@ -62,15 +62,7 @@ def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max
     for k, e in enumerate(generator_examples):
         other_items, _ = roles.parse_rubric(generator_examples[(k + 1) % len(generator_examples)]["target"])
         truth_other.append(toyroles.rubric_truth_rate(scenes[e["scene_id"]], other_items)[0])
-    confusion = dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
-    accuracy, always_1 = [], []
-    for e, text in zip(by_role["judge"], outputs["judge"]):
-        rubric = [roles.RubricItem(*item) for item in e["rubric"]]
-        decisions, _ = roles.parse_decisions(text, len(rubric))
-        accuracy.append(toyroles.judge_accuracy(rubric, e["caption"], decisions)[0])
-        always_1.append(toyroles.judge_accuracy(rubric, e["caption"], [1] * len(rubric))[0])
-        for key, count in toyroles.judge_confusion(rubric, e["caption"], decisions).items():
-            confusion[key] += count
+    confusion, accuracy, always_1 = _judge_scores(by_role["judge"], outputs["judge"])
     said = confusion["tp"] + confusion["fp"]
     decided = said + confusion["tn"] + confusion["fn"]
     result = {
@@ -98,20 +90,28 @@ def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max
     return result
 
 
+def _judge_scores(examples, outputs):
+    """Returns (pooled confusion counts, per-record accuracy, per-record always-"1" accuracy) of
+    Judge outputs on Judge records, against the exact truth."""
+    confusion = dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
+    accuracy, always_1 = [], []
+    for e, text in zip(examples, outputs):
+        rubric = [roles.RubricItem(*item) for item in e["rubric"]]
+        decisions, _ = roles.parse_decisions(text, len(rubric))
+        accuracy.append(toyroles.judge_accuracy(rubric, e["caption"], decisions)[0])
+        always_1.append(toyroles.judge_accuracy(rubric, e["caption"], [1] * len(rubric))[0])
+        for key, count in toyroles.judge_confusion(rubric, e["caption"], decisions).items():
+            confusion[key] += count
+    return confusion, accuracy, always_1
+
+
 def judge_gate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max_new_tokens):
     """Returns the Judge's {"balanced_accuracy", "accuracy", "accuracy_always_1", "num_items"}
     on held-out RL-like captions (the Judge records of scenes start..start+num_scenes-1)."""
     examples = [r for s in tw.make_scenes(seed, num_scenes, start)
                 for r in toyroles.scene_sft_records(s, seed, (0, 0, 2))]
     outputs = generate_texts(cfg, params, processor, examples, batch_size, max_new_tokens, image_size=0)
-    confusion = dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
-    always_1 = []
-    for e, text in zip(examples, outputs):
-        rubric = [roles.RubricItem(*item) for item in e["rubric"]]
-        decisions, _ = roles.parse_decisions(text, len(rubric))
-        always_1.append(toyroles.judge_accuracy(rubric, e["caption"], [1] * len(rubric))[0])
-        for key, count in toyroles.judge_confusion(rubric, e["caption"], decisions).items():
-            confusion[key] += count
+    confusion, _, always_1 = _judge_scores(examples, outputs)
     decided = sum(confusion[k] for k in ("tp", "fn", "tn", "fp"))
     return {"balanced_accuracy": float(toyroles.balanced_accuracy(confusion)),
             "accuracy": (confusion["tp"] + confusion["tn"]) / max(decided, 1),
