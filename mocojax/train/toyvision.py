@@ -19,8 +19,8 @@ import logging
 import time
 
 import jax
-import ml_collections
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 
