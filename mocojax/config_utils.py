@@ -5,6 +5,7 @@ naming the offending key (`config.optimizer.warmup_ratio=1.5: ...`).
 """
 
 import dataclasses
+import json
 import os
 from typing import Callable
 
@@ -126,11 +127,11 @@ BASE_MANIFEST = "toybase.json"
 
 def write_base_manifest(config, out_dir, step):
     """Writes <out_dir>/toybase.json: which toy scenes a base model trained on (so no eval uses them)."""
-    import json
-
     seen = [{"seed": config.data.seed, "start": 0, "count": config.data.num_train_scenes + config.data.num_eval_scenes}]
     if config.sft.get("init_stage") == "vision":  # the tower was pretrained on its own scenes
-        seen.append({"seed": config.data.seed + 7, "start": 0,
+        from mocojax.train import toyvision
+
+        seen.append({"seed": config.data.seed + toyvision.SEED_OFFSET, "start": 0,
                      "count": config.vision.num_steps * config.vision.batch_size})
     with open(os.path.join(out_dir, BASE_MANIFEST), "w") as f:
         json.dump({"step": step, "scenes_seen": seen, "image_size": config.data.image_size,
@@ -139,8 +140,6 @@ def write_base_manifest(config, out_dir, step):
 
 def _check_base_overlap(config):
     """Refuses a toy run whose held-out eval scenes the base model (model.init_from) trained on."""
-    import json
-
     path = os.path.join(config.model.init_from, BASE_MANIFEST)
     if not os.path.isfile(path):
         return

@@ -41,11 +41,11 @@ def run_eval(config, workdir):
         raise ValueError(f"config.data.source={config.data.source!r}: the eval stage scores the toy world only")
     from mocojax.eval import toybase_eval, toyworld_eval
     setup = config_utils.build_setup(config, workdir)
+    # A base-pretraining run (data.tasks="base") is scored on its own tasks, not the roles.
+    scorer = toybase_eval if config.data.get("tasks", "roles") == "base" else toyworld_eval
     results = {}
     for stage in eval_stages(config):
         params, step = checkpoint.restore_params(workdir, stage, setup.model_config)
-        # A base-pretraining run (data.tasks="base") is scored on its own tasks, not the roles.
-        scorer = toybase_eval if config.data.get("tasks", "roles") == "base" else toyworld_eval
         result = scorer.evaluate(setup.model_config, params, setup.processor, seed=config.data.seed,
                                  start=config.data.num_train_scenes, num_scenes=config.eval.num_scenes,
                                  batch_size=config.eval.batch_size, max_new_tokens=config.eval.max_new_tokens,

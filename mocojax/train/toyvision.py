@@ -29,6 +29,9 @@ from mocojax.data import toyworld as tw
 from mocojax.train import state as state_lib
 
 EMPTY = "empty"
+# The vision stage draws its scenes from world seed data.seed + SEED_OFFSET (recorded in the
+# base's toybase.json, so no toy eval uses them).
+SEED_OFFSET = 7
 # Per-token label sets (index 0 = the cell is empty) and the per-image background.
 # "cell" asks each token which cell it covers, so the tokens carry their place in their content
 # and the decoder can read "where" from what it attends to, not only from rotary positions.
@@ -113,7 +116,7 @@ def run_vision(config, workdir):
     for step in range(1, vc.num_steps + 1):
         t0 = time.perf_counter()
         # Scenes of their own (index space above the SFT data), a fresh batch every step.
-        scenes = tw.make_scenes(data.seed + 7, vc.batch_size, start=(step - 1) * vc.batch_size)
+        scenes = tw.make_scenes(data.seed + SEED_OFFSET, vc.batch_size, start=(step - 1) * vc.batch_size)
         pixels, vision, labels = image_batch(cfg, scenes, data.image_size, data.min_pixels, data.max_pixels)
         batch = {"pixel_values": jnp.asarray(pixels, cfg.dtype), "vision": jax.tree.map(jnp.asarray, vision),
                  "labels": jax.tree.map(jnp.asarray, labels)}
