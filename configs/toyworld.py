@@ -71,6 +71,7 @@ def get_config(arg=""):
     # One role per batch: Policy batches pad to 128 tokens instead of the Generator's 640.
     config.data.group_by_role = True
     config.data.max_patches = 16 * 36  # one fixed patch count: 16 rows x 36 patches (None: next power of two)
+    config.data.strict = False  # user JSONL: False skips bad records and logs counts per reason; True raises on the first
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.lr = 1e-3

@@ -94,6 +94,8 @@ def validate(config, stages):
     _check(config, "data.length_buckets", lambda v: len(v) > 0 and all(_positive_int(b) for b in v)
            and list(v) == sorted(set(v)), "must be increasing positive ints")
     _check(config, "data.group_by_role", lambda v: isinstance(v, bool), "must be True or False")
+    if "strict" in config.data:
+        _check(config, "data.strict", lambda v: isinstance(v, bool), "must be True (raise on a bad record) or False (skip and count)")
     _check(config, "data.max_patches", lambda v: v is None or _positive_int(v), "must be None or a positive int")
     opt = "optimizer."
     _check(config, opt + "lr", lambda v: v > 0, "must be > 0")
@@ -204,8 +206,8 @@ def build_setup(config, workdir):
     return Setup(cfg, processor, tokenizer_path, load_params)
 
 
-def sft_examples(config):
-    """Returns (train examples, held-out examples) of the config's data source."""
+def sft_examples(config, processor=None):
+    """Returns (train examples, held-out examples) of the config's data source (processor: see user_examples)."""
     data = config.data
     if data.source == "toyworld" and data.get("tasks", "roles") == "base":
         return (toybase.base_records(data.seed, data.num_train_scenes),
@@ -215,9 +217,21 @@ def sft_examples(config):
         held_out = toyroles.sft_records(data.seed, data.num_eval_scenes, tuple(data.mix),
                                         start=data.num_train_scenes)
         return train, held_out
-    train, _ = records_lib.load_jsonl(data.train_path, image_root=data.image_root or None)
-    held_out = []
-    if data.eval_path:
-        held_out = records_lib.sft_examples(
-            records_lib.load_jsonl(data.eval_path, image_root=data.image_root or None)[0])
-    return records_lib.sft_examples(train), held_out
+    return tuple(user_examples(config, path, processor) if path else []
+                 for path in (data.train_path, data.eval_path))
+
+
+def user_records(config, path):
+    """Returns the image records of a user JSONL file (records.load_jsonl), strict per data.strict."""
+    data = config.data
+    return records_lib.load_jsonl(path, image_root=data.image_root or None, strict=data.get("strict", False))[0]
+
+
+def user_examples(config, path, processor=None):
+    """Returns the SFT role examples of a user JSONL file; with the processor, rows longer than
+    the largest length bucket are refused here, naming their record (records.check_lengths)."""
+    examples = records_lib.sft_examples(user_records(config, path))
+    if processor is None:
+        return examples
+    return records_lib.check_lengths(examples, processor, tuple(config.data.length_buckets),
+                                     strict=config.data.get("strict", False), name=path)[0]

@@ -279,6 +279,11 @@ def conversation_images(messages: list[dict]) -> list[Image.Image]:
 # ----------------------------------------------------------------------------------------------
 
 
+def _reply_start(targets: list[int]) -> int:
+    """Returns where the final reply starts: after the last non-target token that precedes a target token."""
+    return max((i for i in range(1, len(targets)) if targets[i] and not targets[i - 1]), default=len(targets))
+
+
 class Processor:
     """Turns batches of conversations into Qwen3-VL model inputs, as transformers' Qwen3VLProcessor does."""
 
@@ -341,8 +346,7 @@ class Processor:
             return 0
         excess = len(ids) - self.max_length
         if mode == "sft":
-            # The final reply starts after the last non-target token that precedes a target token.
-            reply_start = max(i for i in range(1, len(targets)) if targets[i] and not targets[i - 1])
+            reply_start = _reply_start(targets)
             if len(ids) - excess > reply_start:
                 return excess
             prompt_note = f"; its prompt alone is {reply_start} tokens"
@@ -350,6 +354,16 @@ class Processor:
             prompt_note = ""
         raise ValueError(f"{where} is {len(ids)} tokens, more than max_length={self.max_length}{prompt_note}; "
                          "image tokens and prompts are never cut")
+
+    def sequence_length(self, messages: list[dict], image_sizes: list[tuple[int, int]]) -> tuple[int, int]:
+        """Returns (tokens, prompt tokens before the final reply) of an SFT conversation, before any
+        max_length cut; image_sizes are the (width, height) of its images, which are not decoded."""
+        low = MIN_PIXELS if self.min_pixels is None else self.min_pixels
+        high = MAX_PIXELS if self.max_pixels is None else self.max_pixels
+        counts = [smart_resize(h, w, low, high) for w, h in image_sizes]
+        counts = [rh * rw // (PATCH_SIZE * MERGE_SIZE) ** 2 for rh, rw in counts]
+        ids, targets, _ = self._encode(_conversation_pieces(messages, counts, add_generation_prompt=False), "row")
+        return len(ids), _reply_start(targets)
 
     def __call__(self, conversations: list[list[dict]], mode: str = "generate") -> dict[str, np.ndarray | None]:
         """Returns numpy model inputs [B, L] (and pixel_values [P, 1536], image_grid_thw [I, 3]) for conversations."""

@@ -14,9 +14,12 @@ Generator example when `rubric` and `candidates` are given; one Judge example pe
 listed in `decisions` (one decision per rubric item, in rubric order). Without the optional
 fields an image record serves RL (image + references) and Policy SFT.
 
-Bad records (missing field, empty caption, missing or unreadable image file, malformed
-optional fields, bad JSON): with strict=True the reader raises BadRecord naming the record;
-by default it skips them, counts them per reason in a LoadReport and logs a summary.
+Bad records (missing field, a field of the wrong type, empty caption, missing or unreadable
+image file, an image path outside image_root, a rubric weight that is not a finite number > 0,
+a decision other than 0/1, a duplicate record id, bad JSON; at conversion, a role example
+longer than the largest length bucket, see `check_lengths`): with strict=True the reader
+raises BadRecord naming the record and the field; by default (config `data.strict=False`) it
+skips them, counts them per reason in a LoadReport and logs a summary.
 
 A role example is a dict with "id", "role" ("policy" | "generator" | "judge"), "target" (the
 assistant reply to train on), the image ("image": a path, or "scene": a toy-world Scene) for
@@ -28,7 +31,10 @@ import collections
 import dataclasses
 import json
 import logging
+import math
 import os
+
+from PIL import Image
 
 from mocojax import processing, roles
 from mocojax.data import toyworld
@@ -83,6 +89,21 @@ def check_image(path, record_id):
     return path
 
 
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _text(value, record_id, field, required=True):
+    """Returns value stripped if it is text (non-empty when required); raises BadRecord naming the field."""
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise bad_record(record_id, "bad_field", f"field {field!r} must be text, got {type(value).__name__}")
+    if required and not value.strip():
+        raise bad_record(record_id, "empty_caption", f"field {field!r} is empty")
+    return value.strip()
+
+
 def _captions(raw, key, record_id, required=True):
     values = raw.get(key)
     if values is None and not required:
@@ -91,67 +112,136 @@ def _captions(raw, key, record_id, required=True):
         values = [values]
     if not isinstance(values, list) or not values:
         raise bad_record(record_id, "missing_field", f"field {key!r} is missing or not a list")
-    if any(not isinstance(v, str) or not v.strip() for v in values):
-        raise bad_record(record_id, "empty_caption", f"field {key!r} has an empty or non-text caption")
-    return [v.strip() for v in values]
+    return [_text(v, record_id, f"{key}[{k}]") for k, v in enumerate(values)]
+
+
+def _identifier(value, record_id, field):
+    """Returns an id (text or an integer) as a non-empty string; raises BadRecord naming the field."""
+    if not (isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))):
+        raise bad_record(record_id, "bad_field", f"field {field!r} must be text or an integer, "
+                                                 f"got {type(value).__name__}")
+    if str(value).strip() == "":
+        raise bad_record(record_id, "missing_field", f"field {field!r} is empty")
+    return str(value)
+
+
+def image_path(image, image_root, record_id):
+    """Returns image_root/image; raises BadRecord if that leaves image_root (an absolute path,
+    or '..' segments). The check is on the normalised path: symlinks inside the root are followed
+    as the user set them up."""
+    if os.path.isabs(image):
+        raise bad_record(record_id, "image_outside_root",
+                         f"field 'image' {image!r} is an absolute path; give it relative to the image root")
+    root = os.path.abspath(image_root or os.curdir)
+    path = os.path.abspath(os.path.join(root, image))
+    if os.path.commonpath([root, path]) != root:
+        raise bad_record(record_id, "image_outside_root",
+                         f"field 'image' {image!r} points outside the image root {root}")
+    return path
+
+
+def _candidates(raw, record_id):
+    candidates = raw.get("candidates")
+    if candidates is None:
+        return []
+    if not isinstance(candidates, list):
+        raise bad_record(record_id, "bad_field", f"field 'candidates' must be a list, got {type(candidates).__name__}")
+    out = []
+    for k, candidate in enumerate(candidates):
+        field = f"candidates[{k}]"
+        if not isinstance(candidate, dict):
+            raise bad_record(record_id, "bad_field", f"field {field!r} must be an object")
+        cid = _identifier(candidate.get("id", f"cand{k}"), record_id, field + ".id")
+        if any(c["id"] == cid for c in out):
+            raise bad_record(record_id, "bad_field", f"field {field + '.id'!r}: duplicate candidate id {cid!r}")
+        out.append({"id": cid, "caption": _text(candidate.get("caption"), record_id, field + ".caption")})
+    return out
+
+
+def _rubric(items, record_id):
+    if not isinstance(items, list) or not items:
+        raise bad_record(record_id, "bad_rubric", "field 'rubric' must be a non-empty list")
+    rubric = []
+    for k, item in enumerate(items):
+        field = f"rubric[{k}]"
+        if not isinstance(item, dict):
+            raise bad_record(record_id, "bad_rubric", f"field {field!r} must be an object")
+        weight = item.get("weight")
+        if not _is_number(weight) or not math.isfinite(weight) or weight <= 0:
+            raise bad_record(record_id, "bad_rubric", f"field {field + '.weight'!r}={weight!r}: "
+                                                      "must be a finite number > 0")
+        try:
+            criterion = _text(item.get("criterion"), record_id, field + ".criterion")
+            check = _text(item.get("check"), record_id, field + ".check", required=False)
+        except BadRecord as error:
+            error.reason = "bad_rubric"
+            raise
+        rubric.append(roles.RubricItem(criterion, check, float(weight)))
+    return rubric
+
+
+def _decisions(decisions, record, record_id):
+    if "rubric" not in record or not isinstance(decisions, dict):
+        raise bad_record(record_id, "bad_decisions", "decisions need a rubric and a dict by candidate id")
+    known = {c["id"] for c in record["candidates"]}
+    out = {}
+    for cid, per in decisions.items():
+        field = f"decisions[{cid!r}]"
+        if cid not in known or not isinstance(per, list) or len(per) != len(record["rubric"]):
+            raise bad_record(record_id, "bad_decisions",
+                             f"{field}: unknown candidate or not one decision per rubric item")
+        row = []
+        for k, decision in enumerate(per):
+            value = decision.get("value") if isinstance(decision, dict) else None
+            if not _is_number(value) or value not in (0, 1):
+                raise bad_record(record_id, "bad_decisions", f"{field}[{k}].value={value!r}: must be 0 or 1")
+            rationale = decision.get("rationale", "")
+            if not isinstance(rationale, str):
+                raise bad_record(record_id, "bad_decisions", f"{field}[{k}].rationale must be text")
+            row.append(roles.Decision(int(value), rationale))
+        out[cid] = row
+    return out
 
 
 def validate(raw, image_root="", check_images=True):
-    """Returns a clean image record from a raw dict; raises BadRecord naming the record."""
+    """Returns a clean image record from a raw dict; raises BadRecord naming the record and field.
+
+    Every field is type-checked. `image` must stay inside image_root ("" : the current folder).
+    """
     if not isinstance(raw, dict):
         raise bad_record("?", "not_an_object", f"expected a JSON object, got {type(raw).__name__}")
-    record_id = raw.get("id")
-    if record_id is None or str(record_id) == "":
+    if raw.get("id") is None:
         raise bad_record("?", "missing_field", "field 'id' is missing")
-    record_id = str(record_id)
+    record_id = _identifier(raw["id"], "?", "id")
     image = raw.get("image")
-    if not isinstance(image, str) or not image:
+    if image is None or image == "":
         raise bad_record(record_id, "missing_field", "field 'image' is missing")
-    path = os.path.join(image_root, image)
+    if not isinstance(image, str):
+        raise bad_record(record_id, "bad_field", f"field 'image' must be text, got {type(image).__name__}")
+    path = image_path(image, image_root, record_id)
     if check_images:
         check_image(path, record_id)
     record = {"id": record_id, "image": path,
-              "references": _captions(raw, "references", record_id)}
-    candidates = raw.get("candidates") or []
-    if not isinstance(candidates, list) or any(
-            not isinstance(c, dict) or not str(c.get("caption", "")).strip() for c in candidates):
-        raise bad_record(record_id, "empty_caption", "a candidate has no caption")
-    record["candidates"] = [{"id": str(c.get("id", f"cand{k}")), "caption": c["caption"].strip()}
-                            for k, c in enumerate(candidates)]
+              "references": _captions(raw, "references", record_id),
+              "candidates": _candidates(raw, record_id)}
     if raw.get("rubric") is not None:
-        try:
-            rubric = [roles.RubricItem(str(i["criterion"]), str(i.get("check", "")),
-                                       float(i["weight"])) for i in raw["rubric"]]
-        except (KeyError, TypeError, ValueError) as error:
-            raise bad_record(record_id, "bad_rubric", f"malformed rubric: {error!r}") from None
-        if not rubric or any(item.weight <= 0 for item in rubric):
-            raise bad_record(record_id, "bad_rubric", "rubric is empty or has a weight <= 0")
-        record["rubric"] = rubric
+        record["rubric"] = _rubric(raw["rubric"], record_id)
     if raw.get("decisions") is not None:
-        decisions = raw["decisions"]
-        if "rubric" not in record or not isinstance(decisions, dict):
-            raise bad_record(record_id, "bad_decisions", "decisions need a rubric and a dict by candidate id")
-        known = {c["id"] for c in record["candidates"]}
-        try:
-            record["decisions"] = {
-                str(cid): [roles.Decision(int(d["value"]), str(d.get("rationale", ""))) for d in per]
-                for cid, per in decisions.items()}
-        except (KeyError, TypeError, ValueError) as error:
-            raise bad_record(record_id, "bad_decisions", f"malformed decisions: {error!r}") from None
-        for cid, per in record["decisions"].items():
-            if cid not in known or len(per) != len(record["rubric"]):
-                raise bad_record(record_id, "bad_decisions",
-                            f"decisions for {cid!r}: unknown candidate or not one per rubric item")
+        record["decisions"] = _decisions(raw["decisions"], record, record_id)
     return record
 
 
 def collect(raw_records, convert, strict=False, name="records"):
     """Returns (records, LoadReport): convert(raw) for each raw record, skipping or raising on bad ones."""
-    report, records = LoadReport(), []
+    report, records, seen = LoadReport(), [], set()
     for raw in raw_records:
         report.read += 1
         try:
-            records.append(convert(raw))
+            record = convert(raw)
+            if record["id"] in seen:
+                raise bad_record(record["id"], "duplicate_id", "an earlier record has this id")
+            seen.add(record["id"])
+            records.append(record)
         except BadRecord as error:
             if strict:
                 raise
@@ -210,6 +300,51 @@ def sft_examples(records):
                              "rubric": [list(item) for item in rubric], "caption": captions[cid],
                              "target": roles.format_decisions(decisions)})
     return examples
+
+
+def check_lengths(examples, processor, buckets, strict=False, name="examples"):
+    """Returns (the role examples that fit, LoadReport): a row longer than the largest length
+    bucket is refused at load, naming its record, instead of at the step that draws it.
+
+    With processor.max_length set, a longer row is kept when the Processor will cut its reply to
+    fit (max_length <= the largest bucket, prompt and image tokens shorter than max_length).
+    Lengths are exact: image tokens come from the image's size (its header only is read).
+    """
+    largest = max(buckets)
+    max_length = processor.max_length
+    report, kept = LoadReport(), []
+    for example in examples:
+        report.read += 1
+        try:
+            try:
+                total, prompt = example_length(example, processor)
+            except (OSError, ValueError) as error:  # ImageError is a ValueError
+                raise bad_record(example["id"], "unusable_row", str(error)) from None
+            fits = total <= largest or (max_length is not None and max_length <= largest and prompt < max_length)
+            if not fits:
+                cut = "" if max_length is None else f" (data.max_length={max_length} cannot cut it: prompt {prompt} tokens)"
+                raise bad_record(example["id"], "too_long",
+                                 f"role example of {total} tokens is longer than the largest length bucket "
+                                 f"{largest}{cut}; raise data.length_buckets or set data.max_length")
+            kept.append(example)
+        except BadRecord as error:
+            if strict:
+                raise
+            report.skip(error.reason, str(error))
+    report.kept = len(kept)
+    report.log(name)
+    return kept, report
+
+
+def example_length(example, processor):
+    """Returns (tokens, prompt tokens) of a role example's SFT row, without decoding its image."""
+    image_sizes = []
+    if example["role"] != "judge":
+        if "scene" in example:
+            raise ValueError("example_length reads file images; toy scenes have a fixed size")
+        with Image.open(example["image"]) as image:
+            image_sizes.append(image.size)
+    return processor.sequence_length(conversation(example, example.get("image")), image_sizes)
 
 
 def conversation(example, image):

@@ -79,9 +79,13 @@ def load_pixmo_cap(path, image_dir, strict=False, check_images=True,
                 f"no image for {url} in {image_dir} (looked for {digest}.* and {basename!r})")
         references = [caption]
         if transcripts_as_references:
-            references += [t for t in row.get("transcripts") or [] if str(t).strip()]
-        raw = {"id": record_id, "image": image, "references": references}
-        record = records_lib.validate(raw, "", check_images)
+            transcripts = row.get("transcripts") or []
+            if not isinstance(transcripts, list):
+                raise records_lib.bad_record(record_id, "bad_field", "field 'transcripts' must be a list")
+            references += [t for t in transcripts if not isinstance(t, str) or t.strip()]
+        # Found by scanning image_dir, so relative to it (validate refuses absolute paths).
+        raw = {"id": record_id, "image": os.path.basename(image), "references": references}
+        record = records_lib.validate(raw, image_dir, check_images)
         record["source_url"] = url
         return record
 

@@ -34,7 +34,6 @@ import numpy as np
 from mocojax import checkpoint, config_utils, distributed, losses, model, momentum, sampling, sharding
 from mocojax import metrics as metrics_lib
 from mocojax.data import pipeline, toyroles
-from mocojax.data import records as records_lib
 from mocojax.data import toyworld as tw
 from mocojax.model.rope import pad_vision_metadata
 from mocojax.train import rl_config, rollout as rollout_lib
@@ -301,7 +300,7 @@ def rl_records(config):
     data = config.data
     if data.source == "toyworld":
         return toyroles.image_records(data.seed, config.rl.num_scenes or data.num_train_scenes)
-    return records_lib.load_jsonl(data.train_path, image_root=data.image_root or None)[0]
+    return config_utils.user_records(config, data.train_path)
 
 
 def initial_policy(config, workdir, setup, mesh):

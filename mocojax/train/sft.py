@@ -206,7 +206,7 @@ def run_sft(config, workdir):
     setup = config_utils.build_setup(config, workdir)
     mesh = sharding.make_mesh(config.mesh or None)
     cfg = sharding.model_config(setup.model_config, mesh)
-    train_examples, eval_examples = config_utils.sft_examples(config)
+    train_examples, eval_examples = config_utils.sft_examples(config, setup.processor)
     optimizer = state_lib.make_optimizer(config.optimizer, sft.num_steps)
     schedule = state_lib.learning_rate_schedule(config.optimizer.lr, sft.num_steps,
                                                 config.optimizer.warmup_ratio, config.optimizer.end_lr_ratio)
