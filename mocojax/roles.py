@@ -43,8 +43,11 @@ MAX_WEIGHT = 10.0
 DEFAULT_WEIGHT = 1.0
 
 _FENCE = re.compile(r"^\s*```")
-# Leading decoration a model may put before the id: bullets, "item", "#", "[".
-_ID_PREFIX = re.compile(r"^\s*(?:[-*]\s*)?(?:item\s*)?#?\[?\s*(\d+)\s*\]?\s*[.):]?\s*", re.I)
+# Leading decoration a model may put before the id: bullets, "item", "#", "[". Possessive
+# quantifiers: adjacent optional runs of spaces never backtrack, so a line of n spaces costs O(n).
+_ID_PREFIX = re.compile(r"^\s*+(?:[-*]\s*+)?(?:item\s*+)?#?\[?\s*+(\d++)\s*+\]?\s*+[.):]?\s*+", re.I)
+# Longer ids are not item ids (and int() refuses numbers of more than 4,300 digits).
+_MAX_ID_DIGITS = 9
 _TRUE_WORDS = {"1", "yes", "true", "pass", "met", "y"}
 _FALSE_WORDS = {"0", "no", "false", "fail", "unmet", "n"}
 
@@ -129,8 +132,10 @@ def _content_lines(text):
 
 def _split_item_line(line):
     """Returns (id, fields after the id) for an item line, or None if it is not one."""
+    if "|" not in line:
+        return None
     match = _ID_PREFIX.match(line)
-    if match is None or "|" not in line:
+    if match is None or len(match.group(1)) > _MAX_ID_DIGITS:
         return None
     rest = line[match.end():].lstrip()
     if rest.startswith("|"):
@@ -165,7 +170,7 @@ def parse_rubric(text, max_items=20):
         return [], [f"rubric is not text: {type(text).__name__}"]
     lines = _content_lines(text)
     truncated_tail = bool(text) and not text.endswith("\n")
-    items, seen_ids, seen_criteria = [], set(), set()
+    items, seen_ids, seen_criteria, max_id = [], set(), set(), None
     for index, line in enumerate(lines):
         split = _split_item_line(line)
         if split is None:
@@ -177,9 +182,10 @@ def parse_rubric(text, max_items=20):
             continue
         if item_id in seen_ids:
             problems.append(f"item {item_id}: duplicate id")
-        elif seen_ids and item_id != max(seen_ids) + 1:
+        elif max_id is not None and item_id != max_id + 1:
             problems.append(f"item {item_id}: out-of-order id")
         seen_ids.add(item_id)
+        max_id = item_id if max_id is None else max(max_id, item_id)
         weight, weight_problem = _parse_weight(fields[0])
         if weight is not None or len(fields) >= 3 or not fields[0]:
             fields = fields[1:]

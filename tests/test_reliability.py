@@ -3,12 +3,13 @@ silently. One section per defect of the issue; docs/reliability.md maps each pro
 
 import json
 import re
+import time
 
 import pytest
 from PIL import Image
 
-from mocojax import processing
-from mocojax.data import records, toyroles
+from mocojax import processing, roles
+from mocojax.data import records, toyroles, toyworld
 
 
 def _write_jsonl(path, rows):
@@ -160,3 +161,38 @@ def test_over_long_reference_is_refused_at_load_naming_the_record(image_dir, tmp
     kept, report = records.check_lengths(examples, cutting, (128, 768))
     assert "long/policy0" in [e["id"] for e in kept] and len(kept) == 5
     assert dict(report.skipped) == {"too_long": 1} and "long/generator" in report.examples[0]
+
+
+# 7. Parsers see model output: linear time on hostile text, never raise on text.
+def _seconds(fn, *args):
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+HOSTILE = {
+    "spaces_then_pipe": " " * 16000 + "x |",
+    "bullets_and_spaces": "- " + " " * 16000 + "item" + " " * 16000 + "x |",
+    "many_dropped_items": "".join(f"{k} | 0 | c{k} | d\n" for k in range(1, 40001)),
+    "many_duplicate_items": "".join(f"{k} | 1 | same | d\n" for k in range(1, 40001)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_parsers_are_linear_on_hostile_text(name):
+    text = HOSTILE[name]
+    # Linear: well under a second here; the backtracking / quadratic versions took 8-57 s.
+    assert _seconds(roles.parse_rubric, text) < 1.5
+    assert _seconds(roles.parse_decisions, text, 20) < 1.5
+
+
+def test_parsers_never_raise_on_huge_ids_and_toy_parser_names_non_text():
+    huge = "9" * 4400
+    items, problems = roles.parse_rubric(f"{huge} | 2 | a | b\n1 | 3 | c | d\n")
+    assert items == [roles.RubricItem("c", "d", 3.0)]
+    decisions, problems = roles.parse_decisions(f"{huge} | 1 | yes\n1 | 1 | ok\n", 1)
+    assert decisions == [roles.Decision(1, "ok")]
+    assert roles.parse_rubric(None)[0] == [] and roles.parse_decisions(None, 2)[0] == [roles.Decision(0, "")] * 2
+    with pytest.raises(TypeError, match="parse_caption needs text, got NoneType"):
+        toyworld.parse_caption(None)
+    assert toyworld.parse_caption(" " * 100000 + "x |") == ([], None)

@@ -353,6 +353,8 @@ def parse_caption(text):
     shape word of their clause (clauses end at punctuation or 'and'). Words it does not know
     are ignored, so any wording that keeps this order parses.
     """
+    if not isinstance(text, str):
+        raise TypeError(f"parse_caption needs text, got {type(text).__name__}")
     mentions, background = [], None
     pending, position_words, clause_has_background = {}, [], False
 
