@@ -18,6 +18,13 @@ from mocojax.data import toybase, toyroles
 from mocojax.train import rl_config
 
 DATA_SOURCES = ("toyworld", "jsonl")
+# optimizer.<key>: (low, high, low inclusive, high inclusive), as rl_config.RANGES; all finite.
+OPTIMIZER_RANGES = {"lr": (0.0, None, False, True), "warmup_ratio": (0.0, 1.0, True, False),
+                    "end_lr_ratio": (0.0, 1.0, True, True), "b1": (0.0, 1.0, True, False),
+                    "b2": (0.0, 1.0, True, False), "eps": (0.0, None, False, True),
+                    "weight_decay": (0.0, None, True, True), "grad_clip_norm": (0.0, None, False, True)}
+# Mesh axis names the sharding rules use; any other name would be silently replicated.
+MESH_AXES = ("data", "fsdp", "tensor")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -57,7 +64,13 @@ def validate(config, stages):
             _fail("stages", tuple(config.stages), f"unknown stage {stage!r}; known: {sorted(stages)}")
     _check(config, "seed", lambda v: isinstance(v, int), "must be an int")
     try:
-        sharding.resolve_mesh_shape(sharding.parse_mesh(config.mesh or None), jax.device_count())
+        axes = sharding.parse_mesh(config.mesh or None)
+        for name, size in axes:
+            if name not in MESH_AXES:
+                raise ValueError(f"unknown axis {name!r}; the sharding rules use {MESH_AXES}")
+            if size < 1 and size != -1:
+                raise ValueError(f"axis {name!r} has size {size}; sizes are >= 1, or -1 for the devices left over")
+        sharding.resolve_mesh_shape(axes, jax.device_count())
     except ValueError as e:
         _fail("mesh", config.mesh, str(e))
     for key in ("model.dtype", "model.param_dtype"):
@@ -97,15 +110,17 @@ def validate(config, stages):
     if "strict" in config.data:
         _check(config, "data.strict", lambda v: isinstance(v, bool), "must be True (raise on a bad record) or False (skip and count)")
     _check(config, "data.max_patches", lambda v: v is None or _positive_int(v), "must be None or a positive int")
-    opt = "optimizer."
-    _check(config, opt + "lr", lambda v: v > 0, "must be > 0")
-    _check(config, opt + "warmup_ratio", lambda v: 0 <= v < 1, "must be in [0, 1)")
-    _check(config, opt + "end_lr_ratio", lambda v: 0 <= v <= 1, "must be in [0, 1]")
-    for key in ("b1", "b2"):
-        _check(config, opt + key, lambda v: 0 <= v < 1, "must be in [0, 1)")
-    _check(config, opt + "eps", lambda v: v > 0, "must be > 0")
-    _check(config, opt + "weight_decay", lambda v: v >= 0, "must be >= 0")
-    _check(config, opt + "grad_clip_norm", lambda v: v > 0, "must be > 0")
+    for key in ("data.min_pixels", "data.max_pixels", "data.max_length"):
+        if key.split(".")[1] in config.data:
+            _check(config, key, lambda v: v is None or _positive_int(v), "must be None or a positive int")
+    if config.data.get("min_pixels") and config.data.get("max_pixels"):
+        _check(config, "data.min_pixels", lambda v: v <= config.data.max_pixels,
+               f"must be <= data.max_pixels={config.data.max_pixels}")
+    for key, bounds in OPTIMIZER_RANGES.items():
+        _check(config, "optimizer." + key, lambda v: rl_config.in_range(v, *bounds),
+               "must be " + rl_config.describe_range(*bounds))
+    if "max_skipped_steps" in config.optimizer:
+        _check(config, "optimizer.max_skipped_steps", _positive_int, "must be a positive int")
     for key in ("num_steps", "global_batch_size", "grad_accum_steps", "eval_every", "checkpoint_every",
                 "keep_checkpoints"):
         _check(config, "sft." + key, _positive_int, "must be a positive int")

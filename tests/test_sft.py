@@ -136,3 +136,21 @@ def test_schedule_warms_up_then_decays():
     assert float(schedule(0)) == 0.0
     np.testing.assert_allclose(float(schedule(15)), 1e-5, rtol=1e-6)  # 5% of 300 steps
     assert float(schedule(150)) < 1e-5 and float(schedule(299)) < 1e-7
+
+
+def test_non_finite_batch_through_the_real_step_is_skipped_and_the_next_trains(setup, train_step):
+    """Issue #13 item 10 (docs/reliability.md): NaN pixels through the jitted SFT step. Same
+    batch shape as the tests above, so the compiled step is shared."""
+    cfg, _, host_batch = setup
+    params = model.init_params(cfg, 0)
+    state = state_lib.init_state(params, _optimizer(), jax.random.key(0))
+    assert host_batch["pixel_values"] is not None
+    poisoned = dict(host_batch, pixel_values=np.full_like(host_batch["pixel_values"], np.nan))
+    state, metrics = train_step(state, sft.micro_batches(cfg, poisoned, 1))
+    assert int(metrics["skipped"]) == 1 and not np.isfinite(float(metrics["loss"]))
+    assert int(state["step"]) == 1
+    jax.tree.map(np.testing.assert_array_equal, state["params"], params)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(state["opt_state"]))
+    state, metrics = train_step(state, sft.micro_batches(cfg, host_batch, 1))
+    assert int(metrics["skipped"]) == 0 and np.isfinite(float(metrics["loss"]))
+    assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(params)))

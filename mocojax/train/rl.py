@@ -408,6 +408,7 @@ def run_rl(config, workdir):
     start = int(state["step"])
     step_fn = make_grpo_step(cfg, optimizer, rl, state_shardings, mesh)
     writer = metrics_lib.MetricWriter(workdir, "rl", total_steps=rl.num_steps, initial_step=start)
+    guard = state_lib.SkipGuard(rl.max_skipped_steps, "rl", "rl.max_skipped_steps")
     is_toy = config.data.source == "toyworld"
     if is_toy and start == 0:
         judge_params = role_momentum.params_for("judge", state["momentum"], state["params"])
@@ -453,6 +454,7 @@ def run_rl(config, workdir):
         if is_toy and rl.eval_every and (step % rl.eval_every == 0 or step == rl.num_steps):
             last.update(_evaluate(config, setup, state["params"], cfg))
         writer.write(step, last, tokens=int(rollout.lengths.sum()))
+        guard.update(int(step_metrics["skipped"]), step, cleanup=(manager.close, writer.close))
         if step % rl.log_samples_every == 0 and jax.process_index() == 0:
             with open(samples_path, "a") as f:
                 for row in sample_rows(step, rollout, truths):

@@ -256,6 +256,8 @@ def run_sft(config, workdir):
                                data_config.max_patches)
 
     writer = metrics_lib.MetricWriter(workdir, "sft", total_steps=sft.num_steps, initial_step=start)
+    guard = state_lib.SkipGuard(config.optimizer.get("max_skipped_steps", state_lib.MAX_SKIPPED_STEPS), "sft",
+                                "optimizer.max_skipped_steps")
     last = {}
     for step in range(start + 1, sft.num_steps + 1):
         t0 = time.perf_counter()
@@ -272,6 +274,7 @@ def run_sft(config, workdir):
         if eval_examples and (step % sft.eval_every == 0 or step == sft.num_steps):
             last.update(evaluate_loss(eval_fn, state["params"], device_batches(dataset(eval_examples, 0, 1))))
         writer.write(step, last, tokens=tokens)
+        guard.update(int(last["skipped"]), step, cleanup=(manager.close, writer.close))
         if step % sft.checkpoint_every == 0 or step == sft.num_steps:
             manager.save(step, state, {"data": data_iter.get_state(), "skipped": skipped})
     manager.close()

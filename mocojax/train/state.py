@@ -34,13 +34,38 @@ def init_state(params, optimizer, rng):
 
 
 def apply_gradients(state, grads, optimizer, loss):
-    """Returns (state with the update applied, skipped 0/1): a non-finite loss or gradient keeps the old
-    params and optimiser state (the step still advances, so the data moves on)."""
+    """Returns (state with the update applied, skipped 0/1): a non-finite loss, gradient or updated
+    parameter (a finite gradient times an overflowing step) keeps the old params and optimiser state
+    (the step still advances, so the data moves on)."""
     grad_norm = optax.global_norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
+    params_finite = jnp.all(jnp.stack([jnp.isfinite(p).all() for p in jax.tree.leaves(params)]))
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & params_finite
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
     new_state = dict(state, params=keep(params, state["params"]),
                      opt_state=keep(opt_state, state["opt_state"]), step=state["step"] + 1)
     return new_state, {"grad_norm": grad_norm, "skipped": 1 - finite.astype(jnp.int32)}
+
+
+MAX_SKIPPED_STEPS = 10  # default of optimizer.max_skipped_steps / rl.max_skipped_steps
+
+
+class SkipGuard:
+    """Fails a run after `limit` consecutive skipped (non-finite) updates: past that, every later
+    update would be skipped too and the run would "finish" having learnt nothing."""
+
+    def __init__(self, limit, stage, key):
+        self.limit, self.stage, self.key, self.run = limit, stage, key, 0
+
+    def update(self, skipped, step, cleanup=()):
+        """Counts update `step` (skipped: 1 if it was skipped); at the limit, calls each of cleanup
+        (e.g. close the checkpoint manager so pending saves finish) and raises RuntimeError."""
+        self.run = self.run + 1 if skipped else 0
+        if self.run >= self.limit:
+            for close in cleanup:
+                close()
+            raise RuntimeError(
+                f"{self.stage}: {self.run} consecutive updates (to step {step}) were skipped because the loss, "
+                f"the gradient or the updated parameters were not finite; stopping (config.{self.key}="
+                f"{self.limit}). Check the learning rate and the data; the last checkpoint holds finite params.")
