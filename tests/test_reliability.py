@@ -368,3 +368,72 @@ def test_sft_loop_fails_the_run_after_k_skipped_updates_in_a_row(tiny, tmp_path,
         assert [(r["step"], r["skipped"]) for r in map(json.loads, f)] == [
             (1, 1), (2, 0), (3, 1), (4, 0), (5, 1), (6, 1)]
     assert checkpoint.latest_step(str(tmp_path), "sft") == 4
+
+
+# 6. A corrupt latest checkpoint: fall back to the newest that restores, naming the broken one.
+def _saved_steps(workdir, steps=(1, 2)):
+    from mocojax import checkpoint, model
+    cfg = model.tiny(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, vision_depth=1,
+                     vision_hidden=32, deepstack=())
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(a.dtype), model.abstract_params(cfg))
+    manager = checkpoint.Manager(workdir, "sft", keep=5)
+    for step in steps:
+        state = {"params": jax.tree.map(lambda x: x + step, params), "step": np.int32(step), "rng": jax.random.key(step)}
+        manager.save(step, state, {"data": {"next_index": step}, "skipped": 0})
+    manager.close()
+    abstract = {"params": model.abstract_params(cfg), "step": jax.ShapeDtypeStruct((), np.int32),
+                "rng": jax.eval_shape(lambda: jax.random.key(0))}
+    return cfg, params, abstract
+
+
+def _truncate_arrays(step_dir):
+    """Cuts the largest array data file of the params item to half its size."""
+    files = [p for p in (step_dir / "params").rglob("*") if p.is_file() and p.parent.name == "d"]
+    victim = max(files, key=lambda p: p.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[:victim.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damage", ["truncated_array", "emptied_extra_metadata"])
+def test_corrupt_latest_checkpoint_falls_back_to_the_newest_that_restores(damage, tmp_path, caplog):
+    from mocojax import checkpoint
+    workdir = str(tmp_path)
+    cfg, params, abstract = _saved_steps(workdir)
+    broken = tmp_path / "checkpoints" / "sft" / "2"
+    if damage == "truncated_array":
+        _truncate_arrays(broken)
+    else:
+        (broken / "extra" / "metadata").write_text("")
+    if damage == "truncated_array":  # eval and export read params only (read-only, nothing moved)
+        with caplog.at_level("WARNING"):
+            restored, step = checkpoint.restore_params(workdir, "sft", cfg)
+        assert step == 1 and str(broken) in caplog.text
+        jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b + 1), restored, params)
+        assert broken.is_dir()
+    caplog.clear()
+    manager = checkpoint.Manager(workdir, "sft", keep=5)
+    with caplog.at_level("WARNING"):
+        state, extra = manager.restore_latest(abstract)
+    assert int(state["step"]) == 1 and extra["data"] == {"next_index": 1}
+    assert f"checkpoint {broken} does not restore" in caplog.text
+    # The broken step is set aside, so the resumed run can write step 2 again.
+    assert not broken.exists() and (tmp_path / "checkpoints" / "sft.broken" / "2").is_dir()
+    manager.save(2, dict(state, step=np.int32(2)), extra)
+    manager.close()
+    assert checkpoint.latest_step(workdir, "sft") == 2
+
+
+def test_no_restorable_checkpoint_is_one_clear_error_naming_the_directory(tmp_path):
+    from mocojax import checkpoint
+    workdir = str(tmp_path)
+    cfg, _, abstract = _saved_steps(workdir)
+    for step in (1, 2):
+        _truncate_arrays(tmp_path / "checkpoints" / "sft" / str(step))
+    where = re.escape(str(tmp_path / "checkpoints" / "sft"))
+    with pytest.raises(RuntimeError, match=rf"no checkpoint under {where} restores \(broken steps \[2, 1\]\)"):
+        checkpoint.restore_params(workdir, "sft", cfg)
+    manager = checkpoint.Manager(workdir, "sft", keep=5)
+    with pytest.raises(RuntimeError, match=rf"no checkpoint under {where} restores"):
+        manager.restore_latest(abstract)
+    manager.close()
+    assert (tmp_path / "checkpoints" / "sft" / "2").is_dir()  # nothing moved when nothing restores
