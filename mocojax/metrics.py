@@ -15,8 +15,46 @@ from tensorboardX import SummaryWriter
 _BAR_KEYS = ("loss", "eval/loss")
 
 
+def truncate_jsonl(path, keep):
+    """Rewrites a JSONL file (if it exists) with only the rows for which keep(row) is true.
+
+    A line that is not JSON (the half-written last row of a killed run) is dropped. The new
+    file replaces the old one atomically. Returns the number of rows dropped.
+    """
+    if not os.path.isfile(path):
+        return 0
+    kept, dropped = [], 0
+    with open(path) as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                dropped += 1
+                continue
+            if keep(row):
+                kept.append(line if line.endswith("\n") else line + "\n")
+            else:
+                dropped += 1
+    if dropped:
+        with open(path + ".tmp", "w") as f:
+            f.writelines(kept)
+        os.replace(path + ".tmp", path)
+    return dropped
+
+
+def keep_until(stage, step):
+    """Returns keep(row) for truncate_jsonl: rows of other stages, and this stage's rows up to
+    `step` (a resume from checkpoint `step` replays every later one; from 0, all of them)."""
+    return lambda row: row.get("stage", stage) != stage or (step > 0 and row.get("step", 0) <= step)
+
+
 class MetricWriter:
-    """Writes one stage's per-step scalars to <workdir>/metrics.jsonl and <workdir>/tb/<stage>."""
+    """Writes one stage's per-step scalars to <workdir>/metrics.jsonl and <workdir>/tb/<stage>.
+
+    Opening it at initial_step (the restored checkpoint's step) first drops the rows of this
+    stage that a resumed run writes again, and TensorBoard hides its events past initial_step
+    (purge_step), so a reader sees one row per step after any number of resumes.
+    """
 
     def __init__(self, workdir, stage, *, total_steps, initial_step=0):
         self.stage = stage
@@ -27,8 +65,13 @@ class MetricWriter:
         if not self.enabled:
             return
         os.makedirs(workdir, exist_ok=True)
-        self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
-        self._tb = SummaryWriter(os.path.join(workdir, "tb", stage))
+        path = os.path.join(workdir, "metrics.jsonl")
+        truncate_jsonl(path, keep_until(stage, initial_step))
+        self._jsonl = open(path, "a")
+        tb_dir = os.path.join(workdir, "tb", stage)
+        # TensorBoard hides this stage's events at steps >= purge_step from earlier runs.
+        purge_step = initial_step + 1 if initial_step else (0 if os.path.isdir(tb_dir) else None)
+        self._tb = SummaryWriter(tb_dir, purge_step=purge_step)
         self._bar = tqdm.tqdm(total=total_steps, initial=initial_step, desc=stage, unit="step",
                               dynamic_ncols=True)
 

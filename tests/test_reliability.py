@@ -437,3 +437,57 @@ def test_no_restorable_checkpoint_is_one_clear_error_naming_the_directory(tmp_pa
         manager.restore_latest(abstract)
     manager.close()
     assert (tmp_path / "checkpoints" / "sft" / "2").is_dir()  # nothing moved when nothing restores
+
+
+# 9. Replayed steps after a resume leave one row per step (metrics.jsonl, rl_samples.jsonl, TensorBoard).
+def _tb_events(folder):
+    """Returns (step, kind) of every event in a TensorBoard folder's event files (TFRecord framing)."""
+    import struct
+    from tensorboardX.proto import event_pb2
+    out = []
+    for path in sorted(folder.iterdir()):
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+            kind = event.WhichOneof("what")
+            if kind == "session_log":
+                kind = "start" if event.session_log.status == event.session_log.START else "session_log"
+            out.append((event.step, kind))
+    return out
+
+
+def test_resumed_writer_keeps_one_metrics_row_per_step(tmp_path):
+    from mocojax import metrics
+    path = tmp_path / "metrics.jsonl"
+    first = metrics.MetricWriter(str(tmp_path), "sft", total_steps=5)
+    for step in range(1, 6):  # killed after writing step 5, with checkpoint 3 the latest
+        first.write(step, {"loss": 1.0 / step})
+    first.close()
+    with open(path, "a") as f:
+        f.write(json.dumps({"stage": "rl", "step": 9, "loss": 0.5}) + "\n" + '{"stage": "sft", "step": 6, "lo')
+    resumed = metrics.MetricWriter(str(tmp_path), "sft", total_steps=5, initial_step=3)
+    for step in (4, 5):
+        resumed.write(step, {"loss": 2.0 / step})
+    resumed.close()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["stage"], r["step"]) for r in rows] == [("sft", 1), ("sft", 2), ("sft", 3), ("rl", 9), ("sft", 4), ("sft", 5)]
+    assert rows[-1]["loss"] == pytest.approx(0.4)  # the replayed value, not the first run's
+    # TensorBoard: the resumed run opens with a START event at step 4, which hides older events >= 4.
+    events = _tb_events(tmp_path / "tb" / "sft")
+    assert (4, "start") in events
+    # A restart from scratch (no checkpoint) drops every row of the stage.
+    again = metrics.MetricWriter(str(tmp_path), "sft", total_steps=5)
+    again.close()
+    assert [(r["stage"], r["step"]) for r in map(json.loads, path.read_text().splitlines())] == [("rl", 9)]
+
+
+def test_rl_samples_rows_past_the_restored_step_are_dropped(tmp_path):
+    from mocojax import metrics
+    path = tmp_path / "rl_samples.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "image_id": i}) + "\n" for s in (1, 2, 3, 4) for i in "ab"))
+    assert metrics.truncate_jsonl(str(path), lambda row: row["step"] <= 2) == 4
+    assert [(r["step"], r["image_id"]) for r in map(json.loads, path.read_text().splitlines())] == [
+        (1, "a"), (1, "b"), (2, "a"), (2, "b")]

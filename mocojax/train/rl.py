@@ -417,6 +417,8 @@ def run_rl(config, workdir):
     # Delta_s = ||theta_s - theta_{s-1}|| between syncs; with H = 1 it is the update's norm.
     theta_at_sync = jax.tree.map(jnp.copy, state["params"]) if rl.sync_every > 1 else None
     samples_path = os.path.join(workdir, "rl_samples.jsonl")
+    if jax.process_index() == 0:  # a resumed run writes the samples of the replayed steps again
+        metrics_lib.truncate_jsonl(samples_path, lambda row: row.get("step", 0) <= start)
     skipped = extra["no_signal_skipped"]
     last = {}
     for step in range(start + 1, rl.num_steps + 1):
