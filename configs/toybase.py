@@ -24,6 +24,7 @@ def get_config(arg=""):
     config.model.init_from = ""  # from random weights
     config.model.tiny = dict(toyworld.BASE_MODEL)
     config.data.tasks = "base"
+    config.data.task_mix = ""  # records per scene and task, e.g. "names=3,attr=3" ("" : toybase.DEFAULT_TASK_MIX)
     config.data.seed = 0  # toy runs evaluate on other seeds (the export writes toybase.json to say so)
     config.data.num_train_scenes = 20000
     config.data.num_eval_scenes = 64

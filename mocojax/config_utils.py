@@ -95,6 +95,11 @@ def validate(config, stages):
         _check(config, "data.tasks", lambda v: v in ("roles", "base"), "must be 'roles' or 'base'")
         if config.data.tasks == "base" and config.data.source != "toyworld":
             _fail("data.tasks", config.data.tasks, "'base' tasks exist for data.source='toyworld' only")
+    if config.data.get("task_mix"):
+        try:
+            toybase.parse_task_mix(config.data.task_mix)
+        except ValueError as e:
+            _fail("data.task_mix", config.data.task_mix, str(e))
     if config.data.source == "jsonl":
         _check(config, "data.train_path", os.path.isfile, "must be an existing JSONL file")
         _check(config, "data.eval_path", lambda v: not v or os.path.isfile(v), "must be empty or a JSONL file")
@@ -144,15 +149,25 @@ BASE_MANIFEST = "toybase.json"
 
 def write_base_manifest(config, out_dir, step):
     """Writes <out_dir>/toybase.json: which toy scenes a base model trained on (so no eval uses them)."""
-    seen = [{"seed": config.data.seed, "start": 0, "count": config.data.num_train_scenes + config.data.num_eval_scenes}]
+    seen, built_by = [], []
+    # A base continued from another base (model.init_from) has seen that base's scenes too.
+    parent = os.path.join(config.model.init_from, BASE_MANIFEST) if config.model.init_from else ""
+    if parent and os.path.isfile(parent):
+        with open(parent) as f:
+            manifest = json.load(f)
+        seen, built_by = list(manifest["scenes_seen"]), [manifest["built_by"]]
+    seen.append({"seed": config.data.seed, "start": 0,
+                 "count": config.data.num_train_scenes + config.data.num_eval_scenes})
     if config.sft.get("init_stage") == "vision":  # the tower was pretrained on its own scenes
         from mocojax.train import toyvision
 
         seen.append({"seed": config.data.seed + toyvision.SEED_OFFSET, "start": 0,
                      "count": config.vision.num_steps * config.vision.batch_size})
+    built_by.append("python -m mocojax.main --config configs/toybase.py"
+                    + (f" (task mix {config.data.task_mix})" if config.data.get("task_mix") else ""))
     with open(os.path.join(out_dir, BASE_MANIFEST), "w") as f:
         json.dump({"step": step, "scenes_seen": seen, "image_size": config.data.image_size,
-                   "built_by": "python -m mocojax.main --config configs/toybase.py"}, f, indent=1)
+                   "built_by": " then ".join(built_by)}, f, indent=1)
 
 
 def _check_base_overlap(config):
@@ -225,8 +240,9 @@ def sft_examples(config, processor=None):
     """Returns (train examples, held-out examples) of the config's data source (processor: see user_examples)."""
     data = config.data
     if data.source == "toyworld" and data.get("tasks", "roles") == "base":
-        return (toybase.base_records(data.seed, data.num_train_scenes),
-                toybase.base_records(data.seed, data.num_eval_scenes, start=data.num_train_scenes))
+        mix = toybase.parse_task_mix(data.get("task_mix", ""))
+        return (toybase.base_records(data.seed, data.num_train_scenes, task_mix=mix),
+                toybase.base_records(data.seed, data.num_eval_scenes, start=data.num_train_scenes, task_mix=mix))
     if data.source == "toyworld":
         train = toyroles.sft_records(data.seed, data.num_train_scenes, tuple(data.mix))
         held_out = toyroles.sft_records(data.seed, data.num_eval_scenes, tuple(data.mix),

@@ -196,7 +196,7 @@ def test_rl_dataset():
     image_records = toyroles.image_records(seed=2, num_scenes=6)
     group = next(iter(pipeline.rl_dataset(image_records, global_batch_size=2, seed=0)))
     assert len(group) == 2 and group[0]["image"].size == (128, 128)
-    assert len(group[0]["references"]) == 3
+    assert len(group[0]["references"]) == toyroles.GENERATOR_REFERENCES
     assert os.path.basename(group[0]["id"]).startswith("toy2-")
 
 

@@ -70,6 +70,47 @@ def test_base_records_deterministic_and_validated():
         toybase.scene_base_records(SCENE, 0, {"grid": 1, "riddle": 1})
 
 
+def test_task_mix_parsed_and_refused():
+    assert toybase.parse_task_mix("") == toybase.DEFAULT_TASK_MIX
+    assert toybase.parse_task_mix("names=3, attr=2") == {"names": 3, "attr": 2}
+    records = toybase.scene_base_records(SCENE, 0, toybase.parse_task_mix("names=3,attr=2"))
+    assert [r["task"] for r in records] == ["names"] * 3 + ["attr"] * 2
+    for bad in ("names", "names=x", "riddle=2", "names=0"):
+        with pytest.raises(ValueError, match="task mix"):
+            toybase.parse_task_mix(bad)
+
+
+def test_continued_base_manifest_keeps_the_parent_scenes(tmp_path):
+    """A base continued from another (model.init_from) records the parent's scenes and its own."""
+    import importlib.util
+    import json
+
+    import ml_collections
+
+    from mocojax import config_utils
+
+    spec = importlib.util.spec_from_file_location("toybase_config", os.path.join(ROOT, "configs", "toybase.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    (parent / config_utils.BASE_MANIFEST).write_text(json.dumps(
+        {"scenes_seen": [{"seed": 0, "start": 0, "count": 100}], "built_by": "first"}))
+    config = module.get_config("tiny")
+    config.model.init_from = str(parent)
+    config.sft.init_stage = ""
+    config.data.seed = 11
+    config.data.task_mix = "names=2"
+    out = tmp_path / "out"
+    out.mkdir()
+    config_utils.write_base_manifest(config, str(out), 7)
+    manifest = json.loads((out / config_utils.BASE_MANIFEST).read_text())
+    assert manifest["scenes_seen"] == [{"seed": 0, "start": 0, "count": 100},
+                                       {"seed": 11, "start": 0, "count": 10}]
+    assert manifest["built_by"].startswith("first then ") and "names=2" in manifest["built_by"]
+    assert isinstance(config, ml_collections.ConfigDict)
+
+
 def test_base_score_by_hand():
     record = {"task": "cell", "target": "a large red circle"}
     assert toybase.score(record, "a large red circle") == 1.0

@@ -174,6 +174,21 @@ def _text_record(scene, task, k, caption, mentions, background, rng):
     return _record(scene, task, k, f"Caption: {caption}\n{question} the {noun}?", answer, caption)
 
 
+def parse_task_mix(text):
+    """Returns {task: records per scene} from "names=3,attr=3,read=1" ("" : DEFAULT_TASK_MIX)."""
+    if not text:
+        return dict(DEFAULT_TASK_MIX)
+    mix = {}
+    for part in text.split(","):
+        task, sep, count = part.strip().partition("=")
+        if not sep or task not in TASKS or not count.strip().isdigit():
+            raise ValueError(f"bad task mix entry {part!r} in {text!r}: want task=count with task in {TASKS}")
+        mix[task] = int(count)
+    if not any(mix.values()):
+        raise ValueError(f"task mix {text!r} has no records")
+    return mix
+
+
 def base_records(seed, num_scenes, start=0, task_mix=None):
     """Returns the base-task records of scenes start..start+num_scenes-1, grouped by scene."""
     return [record for scene in tw.make_scenes(seed, num_scenes, start)
