@@ -51,7 +51,7 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.top_k = 0
     rl.max_new_tokens = 64  # caption tokens (toy references: at most 52)
     rl.generator_temperature = 0.0
-    rl.generator_max_new_tokens = 192  # toy rubrics: at most 178 tokens
+    rl.generator_max_new_tokens = 160  # toy rubrics: at most 138 tokens
     rl.judge_temperature = 0.0
     rl.judge_max_new_tokens = 112  # toy decisions: at most 96 tokens
 
