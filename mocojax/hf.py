@@ -138,12 +138,22 @@ def expected_hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _inside(path: str, name: str, index: str) -> str:
+    """Returns name if it stays inside the checkpoint directory; raises ValueError naming the index.
+    The check is on the normalised path: symlinks inside (the HF cache's snapshots) still work."""
+    root = os.path.abspath(path)
+    if not isinstance(name, str) or os.path.isabs(name) or os.path.commonpath(
+            [root, os.path.abspath(os.path.join(root, name))]) != root:
+        raise ValueError(f"{index}: weight file {name!r} is outside the checkpoint directory {root}; refused")
+    return name
+
+
 def _checkpoint_files(path: str) -> list[str]:
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index) as f:
             weight_map = json.load(f)["weight_map"]
-        files = sorted(set(weight_map.values()))
+        files = sorted({_inside(path, name, index) for name in weight_map.values()})
     else:
         files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not files:
@@ -154,6 +164,46 @@ def _checkpoint_files(path: str) -> list[str]:
     if missing:
         raise FileNotFoundError(f"{path}: the index names files that are missing: {missing}")
     return [os.path.join(path, f) for f in files]
+
+
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+
+
+def _open_safetensors(file: str):
+    """Returns safe_open(file); a truncated or malformed file raises ValueError naming it."""
+    try:
+        return safe_open(file, framework="numpy")
+    except Exception as error:  # safetensors raises its own SafetensorError (and OSError)
+        raise ValueError(f"{file}: not a readable safetensors file ({type(error).__name__}: {error}); "
+                         "it may be truncated: download it again") from None
+
+
+def _check_size(cfg: ModelConfig, path: str, where: dict) -> None:
+    """Refuses a config that needs more tensors or elements than the files hold, before any
+    per-layer work: a config.json with num_hidden_layers=10**7 would otherwise spend minutes and
+    all memory listing tensor names."""
+    abstract = abstract_params(cfg)  # shapes only
+    count = elements = 0
+    for ours, hf, _ in _table(cfg):
+        spec = _get(abstract, ours)
+        count += spec.shape[0] if "{i}" in hf else 1
+        elements += int(np.prod(spec.shape, dtype=np.float64))
+    held = sum(int(np.prod(h.get_slice(n).get_shape(), dtype=np.float64)) for n, h in where.items())
+    if count > len(where) or elements > held:
+        raise ValueError(
+            f"{path}/config.json describes {count} tensors of {elements:.4g} elements in all (e.g. "
+            f"num_hidden_layers={cfg.text.num_hidden_layers}, hidden_size={cfg.text.hidden_size}), but the "
+            f"safetensors hold {len(where)} tensors of {held:.4g} elements; config.json does not match the weights")
+
+
+def _finite_tensor(where: dict, name: str, path: str) -> np.ndarray:
+    """Returns tensor `name`; raises ValueError naming it if any value is NaN or infinite."""
+    value = where[name].get_tensor(name)
+    finite = np.isfinite(value.astype(np.float32) if value.dtype.kind not in "f" else value)
+    if not finite.all():
+        raise ValueError(f"{path}: tensor {name} holds {int(finite.size - finite.sum())} non-finite values "
+                         f"(NaN or inf) of {finite.size}; the checkpoint is damaged")
+    return value
 
 
 def load_pretrained(
@@ -167,16 +217,19 @@ def load_pretrained(
 
     dtype is the parameter dtype (compute dtype defaults to it). `place(our_path, array)` puts
     each assembled parameter on its device(s) (e.g. straight onto its sharding); the default
-    is `jnp.asarray`. Raises with the tensor names on missing, unexpected or mis-shaped tensors.
+    is `jnp.asarray`. Raises with the tensor names on missing, unexpected or mis-shaped tensors,
+    non-float or non-finite weights; with the file name on a truncated safetensors file; and
+    refuses an index that points outside the directory or a config larger than the weights.
     """
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path} is not a directory")
     dtype_name = jnp.dtype(dtype).name
     cfg = ModelConfig.from_pretrained(path, param_dtype=dtype_name, dtype=jnp.dtype(compute_dtype or dtype).name)
-    expected = expected_hf_shapes(cfg)
-    handles = [safe_open(f, framework="numpy") for f in _checkpoint_files(path)]
+    handles = [_open_safetensors(f) for f in _checkpoint_files(path)]
     where = {name: h for h in handles for name in h.keys()}
+    _check_size(cfg, path, where)  # before expected_hf_shapes builds one name per stacked layer
+    expected = expected_hf_shapes(cfg)
     # Tied checkpoints sometimes still carry lm_head.weight: it is the embedding, so skip it.
     ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     missing = sorted(set(expected) - set(where))
@@ -188,9 +241,13 @@ def load_pretrained(
             f"{'...' if len(unexpected) > 8 else ''}"
         )
     for name, shape in expected.items():
-        got = tuple(where[name].get_slice(name).get_shape())
+        tensor = where[name].get_slice(name)
+        got = tuple(tensor.get_shape())
         if got != shape:
             raise ValueError(f"{path}: tensor {name} has shape {got}, expected {shape} for this config")
+        if tensor.get_dtype() not in _FLOAT_DTYPES:
+            raise ValueError(f"{path}: tensor {name} has dtype {tensor.get_dtype()}; the weights must be floating point "
+                             f"({', '.join(_FLOAT_DTYPES)}); quantised checkpoints are not supported")
     place = place or (lambda _, a: jnp.asarray(a))
     abstract = abstract_params(cfg)
     params: Params = {}
@@ -198,9 +255,9 @@ def load_pretrained(
         spec = _get(abstract, ours)
         if "{i}" in hf:
             one = spec.shape[1:]
-            value = np.stack([from_hf(where[n].get_tensor(n), one) for n in (hf.format(i=i) for i in range(spec.shape[0]))])
+            value = np.stack([from_hf(_finite_tensor(where, n, path), one) for n in (hf.format(i=i) for i in range(spec.shape[0]))])
         else:
-            value = from_hf(where[hf].get_tensor(hf), spec.shape)
+            value = from_hf(_finite_tensor(where, hf, path), spec.shape)
         _set(params, ours, place(ours, np.asarray(value).astype(dtype)))
     return cfg, params
 

@@ -3,6 +3,7 @@ silently. One section per defect of the issue; docs/reliability.md maps each pro
 
 import functools
 import json
+import os
 import re
 import time
 
@@ -491,3 +492,78 @@ def test_rl_samples_rows_past_the_restored_step_are_dropped(tmp_path):
     assert metrics.truncate_jsonl(str(path), lambda row: row["step"] <= 2) == 4
     assert [(r["step"], r["image_id"]) for r in map(json.loads, path.read_text().splitlines())] == [
         (1, "a"), (1, "b"), (2, "a"), (2, "b")]
+
+
+# 8. HF import: sizes bounded before shapes, truncated files named, no weights from outside the
+#    directory, float weights only, non-finite tensors reported.
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    from mocojax import hf, model
+    folder = tmp_path_factory.mktemp("hf")
+    cfg = model.tiny()
+    hf.save_pretrained(str(folder), cfg, model.init_params(cfg, 0))
+    return folder
+
+
+def _hf_copy(hf_dir, tmp_path):
+    import shutil
+    target = tmp_path / "ckpt"
+    shutil.copytree(hf_dir, target)
+    return target
+
+
+def test_hf_config_far_larger_than_the_weights_fails_fast(hf_dir, tmp_path):
+    from mocojax import hf
+    ckpt = _hf_copy(hf_dir, tmp_path)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["text_config"]["num_hidden_layers"] = 10 ** 7
+    (ckpt / "config.json").write_text(json.dumps(config))
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"config.json describes \d+ tensors .*num_hidden_layers=10000000.*"
+                                         r"does not match the weights"):
+        hf.load_pretrained(ckpt)
+    assert time.perf_counter() - start < 10  # it used to build 10**7 names per layer row first
+
+
+def test_hf_truncated_safetensors_names_the_file(hf_dir, tmp_path):
+    from mocojax import hf
+    ckpt = _hf_copy(hf_dir, tmp_path)
+    data = (ckpt / "model.safetensors").read_bytes()
+    (ckpt / "model.safetensors").write_bytes(data[:40])  # the header cut short
+    with pytest.raises(ValueError, match=re.escape(str(ckpt / "model.safetensors")) + ": not a readable safetensors"):
+        hf.load_pretrained(ckpt)
+
+
+@pytest.mark.parametrize("target", ["../other/model.safetensors", "/tmp/elsewhere/model.safetensors"])
+def test_hf_index_pointing_outside_the_directory_is_refused(target, hf_dir, tmp_path):
+    import shutil
+    from mocojax import hf
+    ckpt = _hf_copy(hf_dir, tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(ckpt / "model.safetensors", other / "model.safetensors")
+    os.remove(ckpt / "model.safetensors")
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {name: target for name in index["weight_map"]}
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=re.escape(repr(target)) + " is outside the checkpoint directory"):
+        hf.load_pretrained(ckpt)
+
+
+@pytest.mark.parametrize("damage", ["int8", "nan", "inf"])
+def test_hf_non_float_or_non_finite_weights_are_refused_naming_the_tensor(damage, hf_dir, tmp_path):
+    from safetensors.numpy import load_file, save_file
+    from mocojax import hf
+    ckpt = _hf_copy(hf_dir, tmp_path)
+    tensors = load_file(ckpt / "model.safetensors")
+    name = "model.language_model.layers.1.mlp.up_proj.weight"
+    if damage == "int8":
+        tensors[name] = np.ones(tensors[name].shape, np.int8)
+        message = rf"tensor {re.escape(name)} has dtype I8; the weights must be floating point"
+    else:
+        tensors[name] = tensors[name].copy()
+        tensors[name][0, :3] = np.nan if damage == "nan" else np.inf
+        message = rf"tensor {re.escape(name)} holds 3 non-finite values"
+    save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=message):
+        hf.load_pretrained(ckpt)
