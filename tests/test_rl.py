@@ -173,3 +173,41 @@ def test_judge_gate_refuses_rl_with_a_weak_judge(tmp_path, monkeypatch):
         first = next(row for row in map(json.loads, f) if row["stage"] == "rl")
     assert first["step"] == 0 and 0.0 <= first["gate/judge_balanced_accuracy"] < 0.99
     assert first["gate/judge_num_items"] > 0
+
+
+def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatch):
+    """rl.generator = rl.judge = "exact": no role model runs (both are made to raise), every
+    rubric item is true of its scene, every decision is right, and no role copy is kept."""
+    config = _toy_config()
+    config.rl.generator, config.rl.judge = "exact", "exact"
+    config.rl.num_steps = 2
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a role model ran although the role is exact")
+
+    monkeypatch.setattr(rollout_lib, "write_rubrics", no_model)
+    monkeypatch.setattr(rollout_lib, "judge_captions", no_model)
+    monkeypatch.setattr(rl, "judge_gate", no_model)  # no Judge model to gate
+    rl.run_rl(config, str(tmp_path))
+    with open(tmp_path / "metrics.jsonl") as f:
+        rows = [row for row in map(json.loads, f) if row["stage"] == "rl" and row["step"] > 0]
+    assert [row["step"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["rubric_items"] >= 1 and row["generator_problems"] == 0.0
+        assert row["true/rubric_item_truth"] == 1.0 and row["true/rubric_item_unreadable"] == 0.0
+        assert row["true/judge_accuracy"] == 1.0
+        assert "tracking_error" not in row  # no momentum copy
+
+
+def test_exact_roles_by_hand():
+    from mocojax.data import toyroles
+    from mocojax.data import toyworld as tw
+
+    scene = tw.Scene("s", "white", (tw.Obj("circle", "red", "large", "top left"),))
+    exact = toyroles.ExactRoles({"s": scene})
+    invented = "A large red circle in the top left and a small blue star in the center. The background is white."
+    rubric = exact.rubric("s", [invented])
+    assert rubric[0].criterion == "does not mention a blue star"
+    assert exact.decisions(rubric, invented)[0] == 0
+    assert exact.decisions(rubric, "A big red circle at the top left on a white background.")[0] == 1
+    assert exact.decisions([rubric[0]._replace(criterion="is pretty")], invented) == [0]

@@ -304,6 +304,30 @@ def sft_records(seed, num_scenes, mix=(2, 1, 1), start=0):
             for record in scene_sft_records(scene, seed, mix)]
 
 
+class ExactRoles:
+    """The toy world's exact Generator and Judge, for RL's `rl.generator` / `rl.judge` = "exact".
+
+    The rubric is what `scene_sft_records` teaches the Generator (the deficiencies of the
+    shown captions, at most MAX_RUBRIC_ITEMS items); the decisions are the exact Judge's. It
+    is the ceiling of the method on the toy world: RL with roles that make no mistakes.
+    """
+
+    def __init__(self, scenes):
+        self.scenes = scenes  # {image id: Scene}
+
+    def rubric(self, image_id, shown_captions):
+        """Returns the list[RubricItem] for the shown captions of one image."""
+        facts = rubric_facts(self.scenes[image_id], list(shown_captions), max_items=MAX_RUBRIC_ITEMS)
+        return [item_of(f) for f in facts]
+
+    @staticmethod
+    def decisions(rubric_items, caption):
+        """Returns the exact 0/1 per item; an item outside the world's language counts 0."""
+        mentions, background = tw.parse_caption(caption)
+        facts = [parse_criterion(item.criterion) for item in rubric_items]
+        return [0 if f is None else judge_fact(f, mentions, background).value for f in facts]
+
+
 def image_records(seed, num_scenes, start=0):
     """Returns RL records {id, scene, references}: the image and its reference captions."""
     return [{"id": scene.id, "scene": scene,

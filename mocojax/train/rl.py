@@ -371,7 +371,13 @@ def run_rl(config, workdir):
     records = rl_records(config)
     scenes = {r["id"]: r["scene"] for r in records if "scene" in r}
     optimizer = rl_optimizer(config)
-    role_momentum = momentum.RoleMomentum(rl.generator, rl.judge)
+    exact_roles = [role for role in ("generator", "judge") if rl[role] == "exact"]
+    if exact_roles and config.data.source != "toyworld":
+        raise ValueError(f"config.rl.{exact_roles[0]}='exact': exact roles exist for the toy world only")
+    exact = toyroles.ExactRoles(scenes) if exact_roles else None
+    # An exact role needs no parameters: it keeps no copy ("policy" keeps none).
+    role_momentum = momentum.RoleMomentum(*("policy" if rl[role] == "exact" else rl[role]
+                                            for role in ("generator", "judge")))
     schedule = momentum_schedule(rl)
     data_iter = iter(pipeline.rl_dataset(records, global_batch_size=rl.images_per_step,
                                          seed=config.data.seed + 1,
@@ -410,7 +416,7 @@ def run_rl(config, workdir):
     writer = metrics_lib.MetricWriter(workdir, "rl", total_steps=rl.num_steps, initial_step=start)
     guard = state_lib.SkipGuard(rl.max_skipped_steps, "rl", "rl.max_skipped_steps")
     is_toy = config.data.source == "toyworld"
-    if is_toy and start == 0:
+    if is_toy and start == 0 and rl.judge != "exact":
         judge_params = role_momentum.params_for("judge", state["momentum"], state["params"])
         gate = judge_gate(config, setup, judge_params, cfg)
         writer.write(0, {**gate, **(_evaluate(config, setup, state["params"], cfg) if rl.eval_every else {})})
@@ -428,7 +434,7 @@ def run_rl(config, workdir):
         rollout, seconds = rollout_lib.collect(
             cfg, state["params"], role_momentum.params_for("generator", copies, state["params"]),
             role_momentum.params_for("judge", copies, state["params"]), processor, group, rl,
-            seed=config.seed, step=step, rng=jax.random.fold_in(state["rng"], step))
+            seed=config.seed, step=step, rng=jax.random.fold_in(state["rng"], step), exact=exact)
         t1 = time.perf_counter()
         batch = place_batch(mesh, train_batch(cfg, rollout, rl))
         state, step_metrics = step_fn(state, batch, ref_params)

@@ -9,7 +9,9 @@ import math
 import ml_collections
 
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
-ROLE_SOURCES = ("ema", "frozen", "policy")
+# "exact" (toy world only): the world's exact rubric writer and judge instead of a model, the
+# ceiling of what the rubric reward can give the Policy (toyroles.ExactRoles).
+ROLE_SOURCES = ("ema", "frozen", "policy", "exact")
 MOMENTUM_SCHEDULES = ("constant", "byol_cosine")
 
 
@@ -40,7 +42,7 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.momentum = 0.99  # m; 1: frozen roles, 0: copy (H = 1) or periodic copy (H > 1)
     rl.sync_every = 1  # H
     rl.momentum_schedule = "constant"  # or "byol_cosine": m -> 1 by a half cosine over the run
-    rl.generator = "ema"  # which params play the Generator: "ema" | "frozen" | "policy"
+    rl.generator = "ema"  # which params play the Generator: "ema" | "frozen" | "policy" | "exact" (toy)
     rl.judge = "ema"
     rl.roles_init = ""  # empty: roles start from the Policy's init (shared); else a workdir
     #                     whose latest SFT checkpoint initialises the roles (separate init)

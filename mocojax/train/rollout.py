@@ -184,11 +184,12 @@ def group_rewards(rubrics, decisions):
 
 
 def collect(cfg, policy_params, generator_params, judge_params, processor, group, rl, *,
-            seed, step, rng):
+            seed, step, rng, exact=None):
     """Returns (Rollout, seconds per phase) for a group list of {id, image, references}.
 
     rng is a jax key for the Policy's sampling (the roles decode greedily unless their
-    temperature says otherwise, from keys folded out of the same rng).
+    temperature says otherwise, from keys folded out of the same rng). `exact` (toy world,
+    `toyroles.ExactRoles`) plays the role whose `rl.generator` / `rl.judge` is "exact".
     """
     images = [example["image"] for example in group]
     seconds = {}
@@ -200,14 +201,23 @@ def collect(cfg, policy_params, generator_params, judge_params, processor, group
     n = rl.num_samples
     captions = [texts[g * n:(g + 1) * n] for g in range(len(group))]
     subsets = choose_subsets(seed, step, len(group), n, rl.subset_size)
+    shown = [[captions[g][i] for i in subsets[g]] for g in range(len(group))]
     with timer("rubric_generation"):
-        rubric_texts, rubrics, generator_problems = write_rubrics(
-            cfg, generator_params, processor, images, [e["references"] for e in group],
-            [[captions[g][i] for i in subsets[g]] for g in range(len(group))], rl,
-            jax.random.fold_in(rng, 1))
+        if rl.generator == "exact":
+            rubrics = [exact.rubric(e["id"], s) for e, s in zip(group, shown)]
+            rubric_texts, generator_problems = [roles.format_rubric(r) for r in rubrics], [[] for _ in group]
+        else:
+            rubric_texts, rubrics, generator_problems = write_rubrics(
+                cfg, generator_params, processor, images, [e["references"] for e in group], shown, rl,
+                jax.random.fold_in(rng, 1))
     with timer("judging"):
-        decisions, judge_problems = judge_captions(cfg, judge_params, processor, rubrics,
-                                                   captions, rl, jax.random.fold_in(rng, 2))
+        if rl.judge == "exact":
+            decisions = [[exact.decisions(rubric, c) if rubric else [] for c in caps]
+                         for rubric, caps in zip(rubrics, captions)]
+            judge_problems = np.zeros((len(group), n), np.int32)
+        else:
+            decisions, judge_problems = judge_captions(cfg, judge_params, processor, rubrics,
+                                                       captions, rl, jax.random.fold_in(rng, 2))
     rollout = Rollout(
         ids=[e["id"] for e in group], prompt=prompt, tokens=tokens, logprobs=logprobs,
         lengths=lengths, captions=captions, subsets=subsets, rubric_texts=rubric_texts,
