@@ -16,22 +16,12 @@ from PIL import Image
 from mocojax import processing, roles
 from mocojax.data import records, toyroles, toyworld
 from mocojax.train import state as state_lib
+from test_data import _write_jsonl, image_dir  # noqa: F401  (image_dir is a fixture)
 
 
-def _write_jsonl(path, rows):
-    with open(path, "w") as f:
-        for row in rows:
-            f.write(row if isinstance(row, str) else json.dumps(row))
-            f.write("\n")
-    return str(path)
-
-
-@pytest.fixture
-def image_dir(tmp_path):
-    folder = tmp_path / "images"
-    folder.mkdir()
-    Image.new("RGB", (40, 30), (200, 30, 30)).save(folder / "a.png")
-    return folder
+def _load(tmp_path, image_dir, rows, **kwargs):
+    """Returns records.load_jsonl of rows written to a JSONL file, images under image_dir."""
+    return records.load_jsonl(_write_jsonl(tmp_path / "d.jsonl", rows), image_root=str(image_dir), **kwargs)
 
 
 GOOD = {"id": "ok", "image": "a.png", "references": ["A red box."],
@@ -64,14 +54,13 @@ WRONG_TYPES = {
 @pytest.mark.parametrize("name", sorted(WRONG_TYPES))
 def test_wrong_field_type_strict_names_record_and_field(name, image_dir, tmp_path):
     row, field, _ = WRONG_TYPES[name]
-    path = _write_jsonl(tmp_path / "d.jsonl", [GOOD, row])
     with pytest.raises(records.BadRecord, match="record .*" + re.escape(field)):
-        records.load_jsonl(path, image_root=str(image_dir), strict=True)
+        _load(tmp_path, image_dir, [GOOD, row], strict=True)
 
 
 def test_wrong_field_types_lenient_skip_and_count_per_reason(image_dir, tmp_path):
     rows = [GOOD] + [row for row, _, _ in WRONG_TYPES.values()]
-    loaded, report = records.load_jsonl(_write_jsonl(tmp_path / "d.jsonl", rows), image_root=str(image_dir))
+    loaded, report = _load(tmp_path, image_dir, rows)
     assert [r["id"] for r in loaded] == ["ok"]
     want = {}
     for _, _, reason in WRONG_TYPES.values():
@@ -94,14 +83,12 @@ GARBAGE = {
 
 @pytest.mark.parametrize("name", sorted(GARBAGE))
 def test_garbage_values_are_refused_in_strict_mode(name, image_dir, tmp_path):
-    path = _write_jsonl(tmp_path / "d.jsonl", [GOOD, GARBAGE[name]])
     with pytest.raises(records.BadRecord, match=r"record (g\d|ok):"):
-        records.load_jsonl(path, image_root=str(image_dir), strict=True)
+        _load(tmp_path, image_dir, [GOOD, GARBAGE[name]], strict=True)
 
 
 def test_garbage_values_lenient_skip_and_count(image_dir, tmp_path):
-    path = _write_jsonl(tmp_path / "d.jsonl", [GOOD, *GARBAGE.values()])
-    loaded, report = records.load_jsonl(path, image_root=str(image_dir))
+    loaded, report = _load(tmp_path, image_dir, [GOOD, *GARBAGE.values()])
     assert [r["id"] for r in loaded] == ["ok"]
     assert dict(report.skipped) == {"bad_rubric": 4, "bad_decisions": 3, "duplicate_id": 1}
 
@@ -124,19 +111,17 @@ def test_image_paths_outside_the_root_are_refused(image, image_dir, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
     Image.new("RGB", (8, 8)).save(outside / "secret.png")
-    row = _row("esc", image=image)
-    path = _write_jsonl(tmp_path / "d.jsonl", [GOOD, row])
+    rows = [GOOD, _row("esc", image=image)]
     with pytest.raises(records.BadRecord, match="record esc: field 'image'.*(outside the image root|absolute)"):
-        records.load_jsonl(path, image_root=str(image_dir), strict=True)
-    loaded, report = records.load_jsonl(path, image_root=str(image_dir))
+        _load(tmp_path, image_dir, rows, strict=True)
+    loaded, report = _load(tmp_path, image_dir, rows)
     assert [r["id"] for r in loaded] == ["ok"] and dict(report.skipped) == {"image_outside_root": 1}
 
 
 def test_image_in_a_subfolder_of_the_root_is_fine(image_dir, tmp_path):
     (image_dir / "sub").mkdir()
     Image.new("RGB", (8, 8)).save(image_dir / "sub" / "b.png")
-    path = _write_jsonl(tmp_path / "d.jsonl", [_row("sub", image="sub/./b.png")])
-    loaded, _ = records.load_jsonl(path, image_root=str(image_dir), strict=True)
+    loaded, _ = _load(tmp_path, image_dir, [_row("sub", image="sub/./b.png")], strict=True)
     assert loaded[0]["image"] == str(image_dir / "sub" / "b.png")
 
 
@@ -148,8 +133,7 @@ def tokenizer(tmp_path_factory):
 
 def test_over_long_reference_is_refused_at_load_naming_the_record(image_dir, tmp_path, tokenizer):
     long_row = _row("long", references=["a red circle " * 400])
-    path = _write_jsonl(tmp_path / "d.jsonl", [GOOD, long_row])
-    examples = records.sft_examples(records.load_jsonl(path, image_root=str(image_dir), strict=True)[0])
+    examples = records.sft_examples(_load(tmp_path, image_dir, [GOOD, long_row], strict=True)[0])
     processor = processing.Processor(tokenizer, min_pixels=32 * 32, max_pixels=64 * 64)
     with pytest.raises(records.BadRecord, match=r"record long/policy0: role example of \d+ tokens .* bucket 768"):
         records.check_lengths(examples, processor, (128, 768), strict=True)
