@@ -55,13 +55,15 @@ run_all() {  # runs "$@" as processes 0..num-1; returns 1 if any failed
 command=("$@")
 for ((i = 0; i + 1 < ${#command[@]}; i++)); do
   if [[ ${command[i]} == -m && ${command[i + 1]} == mocojax.main ]]; then
-    plan=$("${command[@]:0:i}" "$(dirname "$0")/stage_groups.py" "${command[@]:i+2}")
-    while read -r -u 3 kind stages; do
+    python=("${command[@]:0:i}")
+    plan=$("${python[@]}" "$(dirname "$0")/stage_groups.py" "${command[@]:i+2}")
+    while IFS=$'\t' read -r -u 3 kind stages args; do
       echo "== mocojax: stages $stages, ${kind}-process"
+      eval "args=($args)"
       if [[ $kind == multi ]]; then
-        run_all "$@" "--config.stages=$stages"
+        run_all "${python[@]}" -m mocojax.main "${args[@]}"
       else
-        "$@" "--config.stages=$stages" --config.distributed.enabled=False
+        "${python[@]}" -m mocojax.main "${args[@]}"
       fi
     done 3<<<"$plan"
     exit 0

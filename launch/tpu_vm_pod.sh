@@ -24,12 +24,8 @@ if [[ ${SETUP:-0} == 1 ]] || ! on all "test -d .venv" 2>/dev/null; then
     && .venv/bin/pip install -q -r requirements.txt 'jax[tpu]'"
 fi
 args=$(printf '%q ' "$@")
-plan=$(on 0 ".venv/bin/python launch/stage_groups.py $args" | grep -E '^(multi|single) ')
-while read -r -u 3 kind stages; do
+plan=$(on 0 ".venv/bin/python launch/stage_groups.py $args" | grep -E $'^(multi|single)\t')
+while IFS=$'\t' read -r -u 3 kind stages args; do  # args: shell-quoted by launch/stage_groups.py
   echo "== mocojax: stages $stages, ${kind}-process"
-  if [[ $kind == multi ]]; then
-    on all ".venv/bin/python -m mocojax.main $args--config.stages=$(printf '%q' "$stages") --config.distributed.enabled=True"
-  else
-    on 0 ".venv/bin/python -m mocojax.main $args--config.stages=$(printf '%q' "$stages") --config.distributed.enabled=False"
-  fi
+  on "$([[ $kind == multi ]] && echo all || echo 0)" ".venv/bin/python -m mocojax.main $args"
 done 3<<<"$plan"
