@@ -83,6 +83,7 @@ def get_config(arg=""):
     config.optimizer.eps = 1e-8
     config.optimizer.weight_decay = 0.01
     config.optimizer.grad_clip_norm = 1.0
+    config.optimizer.max_skipped_steps = 10  # SFT stops after this many non-finite updates in a row
 
     config.sft = ml_collections.ConfigDict()
     config.sft.num_steps = 400  # 6,400 records from the toy base; the paper: 300 steps x 64 = 19,200
