@@ -32,6 +32,8 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the position shuffles and the b
 
 def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
+    # Checkpoints are opened read only on purpose (as mocojax.main's eval does): drop orbax's notice.
+    absl_logging.get_absl_logger().addFilter(lambda record: "Given directory is read only" not in record.getMessage())
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _WORKDIR.value is None:

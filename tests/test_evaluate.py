@@ -206,6 +206,20 @@ def test_g2p_counts_unreadable_as_wrong():
     assert out["g2p"] == pytest.approx(-7 / 9)
 
 
+def test_toy_reference_against_image_blind_captions(tmp_path):
+    """No model: the reference caption (exact F1 1) beats the next scene's reference on every image
+    under the oracle, ranks first, answers every VQA question right; the blind caption does not."""
+    out = suite.run(toyworld.get_config("tiny"), str(tmp_path), model_spec="toy:reference",
+                    against_spec="toy:blind", num_images=6)
+    p = out["protocols"]
+    assert (p["winrate"]["win_rate"], p["winrate"]["wins"], p["winrate"]["ci95_low"]) == (1.0, 6, 1.0)
+    assert p["rank"]["methods"]["toy_reference"] == {"mean_rank": 1.0, "first_place_share": 1.0,
+                                                     "hallucination_penalty": 0.0}
+    assert p["vqa"]["oracle"]["toy_reference"]["accuracy"] == 1.0
+    assert p["vqa"]["oracle"]["toy_blind"]["accuracy"] < 0.6
+    assert p["exact"]["toy_reference"]["f1"] == 1.0 and p["exact"]["toy_blind"]["f1"] < 0.6
+
+
 # ---- the command and the suite, with a tiny random checkpoint ----
 
 @pytest.fixture(scope="module")
@@ -276,6 +290,7 @@ def test_baseline_captions_file_with_fewer_images_is_a_counted_skip(tiny_workdir
     ({"model_spec": "{tiny}", "protocols": ("winrate",)}, "pass --against"),
     ({"model_spec": "{empty}"}, "neither a workdir"),
     ({"model_spec": "{tiny}", "against_spec": "{tiny}", "judge_spec": "{empty}/none.jsonl"}, "no such captions file"),
+    ({"model_spec": "{tiny}", "against_spec": "{tiny}", "judge_spec": "toy:blind"}, "captions cannot judge"),
 ])
 def test_bad_specs_fail_before_any_work(tiny_workdir, tmp_path, kwargs, message):
     (tmp_path / "empty").mkdir()

@@ -5,6 +5,8 @@ A caption source is named by a spec:
   HF_DIR             an exported HF directory (config.json + *.safetensors + tokenizer files)
   FILE.jsonl         captions already written: rows {"id", "caption"} (evaluate writes these for every
                      model it captions, so a baseline is captioned once)
+  toy:reference      the toy world's reference caption of each scene (the ceiling)
+  toy:blind          the next held-out scene's reference caption (image-blind: the floor)
 A judge / reader spec is "oracle" (the toy world's exact scorer), "self" (the scored model in
 the judge / reader role), any model spec above, or "openai:URL#MODEL" (a remote endpoint: the
 interface only, for now). Every spec is checked before any caption is generated, so a missing
@@ -24,6 +26,9 @@ from mocojax.data import toyworld as tw
 from mocojax.eval import judges, rank, vqa, winrate
 
 PROTOCOLS = ("winrate", "rank", "vqa", "exact")
+# Toy-world reference points, as sources: a reference caption of the scene (the ceiling) and the
+# next held-out scene's reference (an image-blind caption, toyworld_eval's baseline).
+TOY_BASELINES = ("toy:reference", "toy:blind")
 
 
 class SpecError(ValueError):
@@ -42,8 +47,10 @@ def _is_hf_dir(path):
 
 
 def resolve(spec):
-    """Returns {"kind": "captions"|"workdir"|"hf", "path", "stage", "label"} for a source spec, or
+    """Returns {"kind": "captions"|"toy"|"workdir"|"hf", "path", "stage", "label"} for a source spec, or
     raises SpecError naming what is missing."""
+    if spec in TOY_BASELINES:
+        return {"kind": "toy", "path": spec, "stage": None, "label": spec.replace(":", "_")}
     path, _, stage = spec.partition("@")
     if path.endswith(".jsonl"):
         if not os.path.isfile(path):
@@ -121,6 +128,12 @@ def captions_of(source, records, config, out_dir, setup_cache):
         captions, bad = read_captions(source["path"], records)
         source["bad_rows"] = bad
         return captions, None
+    if source["kind"] == "toy":
+        if config.data.source != "toyworld":
+            raise SpecError(f"{source['path']}: toy baselines need config.data.source='toyworld'")
+        shift = 1 if source["path"] == "toy:blind" else 0
+        return [tw.reference_captions(records[(k + shift) % len(records)]["scene"], config.data.seed)[0]
+                for k in range(len(records))], None
     generator = load_generator(source, config, out_dir, setup_cache)
     captions = generator.complete([roles.POLICY_INSTRUCTION] * len(records),
                                   [judges.image_of(r) for r in records])
@@ -141,8 +154,6 @@ def make_judge(spec, config, out_dir, setup_cache, self_generator, sees_image):
     if spec == "self":
         return judges.ModelJudge(self_generator, sees_image)
     source = resolve(spec)
-    if source["kind"] == "captions":
-        raise SpecError(f"{spec}: a captions file cannot judge")
     return judges.ModelJudge(load_generator(source, config, out_dir, setup_cache), sees_image)
 
 
@@ -183,10 +194,11 @@ def run(config, out_dir, *, model_spec, against_spec=None, also_specs=(), protoc
     used_specs = ([judge_spec] if {"winrate", "rank"} & set(protocols) else []) + (
         list(reader_specs) if "vqa" in protocols else [])
     for spec in used_specs:
-        if spec not in ("oracle", "self") and not spec.startswith("openai:"):
-            resolve(spec)
-        if spec == "self" and model["kind"] == "captions":
-            raise SpecError("judge/reader 'self': the scored source is a captions file, not a model")
+        if spec not in ("oracle", "self") and not spec.startswith("openai:") and \
+                resolve(spec)["kind"] in ("captions", "toy"):
+            raise SpecError(f"{spec}: captions cannot judge or read; name a model, 'oracle' or 'self'")
+        if spec == "self" and model["kind"] in ("captions", "toy"):
+            raise SpecError("judge/reader 'self': the scored source is captions, not a model")
         if spec == "oracle" and not toy:
             raise SpecError("the oracle judge knows only the toy world; name a model judge (--judge=DIR)")
         if spec.startswith("openai:") and not judges.EndpointGenerator.implemented:
