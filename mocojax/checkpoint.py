@@ -10,6 +10,7 @@ import logging
 import os
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from mocojax import hf, model
@@ -71,7 +72,13 @@ class Manager:
         """
         params = abstract_state["params"]
         rest = {k: v for k, v in abstract_state.items() if k != "params"}
-        rest["rng"] = jax.eval_shape(jax.random.key_data, abstract_state["rng"])
+        # The key's raw data, placed like the key: without a sharding orbax would take the saved
+        # one, which a checkpoint written by several processes cannot give a single process.
+        rng = abstract_state["rng"]
+        data = jax.eval_shape(jax.random.key_data, rng)
+        sharding = getattr(rng, "sharding", None) or jax.sharding.NamedSharding(
+            jax.sharding.Mesh(np.asarray(jax.devices()), ("devices",)), jax.sharding.PartitionSpec())
+        rest["rng"] = jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
         args = ocp.args.Composite(params=ocp.args.StandardRestore(params), state=ocp.args.StandardRestore(rest),
                                   extra=ocp.args.JsonRestore())
         step, restored, broken = _restore_newest(self._manager, self._directory, args)
