@@ -15,6 +15,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from mocojax import endpoint
 from mocojax.eval import suite
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:arg]).",
@@ -47,6 +48,9 @@ def main(argv):
     except (suite.SpecError, NotImplementedError) as e:
         print(f"mocojax.evaluate: {e}", file=sys.stderr)
         sys.exit(2)
+    except endpoint.EndpointError as e:  # an openai: judge that did not answer (retries spent)
+        print(f"mocojax.evaluate: {e}", file=sys.stderr)
+        sys.exit(1)
     print(suite.format_table(result), flush=True)
 
 

@@ -285,8 +285,10 @@ def test_baseline_captions_file_with_fewer_images_is_a_counted_skip(tiny_workdir
 @pytest.mark.parametrize("kwargs, message", [
     ({"model_spec": "/nonexistent/run"}, "no such directory"),
     ({"model_spec": "{tiny}@rl"}, "no finished rl checkpoint"),
-    ({"model_spec": "{tiny}", "against_spec": "{tiny}", "judge_spec": "openai:http://localhost:1/v1#m"},
-     "not implemented yet"),
+    ({"model_spec": "{tiny}", "against_spec": "{tiny}", "judge_spec": "openai:localhost:1/v1#m"},
+     "want openai:http"),
+    ({"model_spec": "{tiny}", "against_spec": "{tiny}", "judge_spec": "openai:http://localhost:1/v1"},
+     "want openai:http"),
     ({"model_spec": "{tiny}", "protocols": ("winrate",)}, "pass --against"),
     ({"model_spec": "{empty}"}, "neither a workdir"),
     ({"model_spec": "{tiny}", "against_spec": "{tiny}", "judge_spec": "{empty}/none.jsonl"}, "no such captions file"),

@@ -13,10 +13,11 @@ Implementations:
                 ranks by exact caption F1, flags invented objects, answers from the parsed caption.
   ModelJudge    a model in a judge / reader role behind any TextGenerator: a mocojax checkpoint
                 or HF directory (CheckpointGenerator), or a remote OpenAI-compatible endpoint
-                (EndpointGenerator: the interface is here, its HTTP client comes with a later issue).
+                (EndpointGenerator, through mocojax.endpoint's client).
 Prompts follow roles.py's style: one instruction, numbered inputs, tight line formats.
 """
 
+import os
 from typing import Protocol
 
 from mocojax.data import toyworld as tw
@@ -86,19 +87,32 @@ class CheckpointGenerator:
 
 
 class EndpointGenerator:
-    """A remote OpenAI-compatible chat endpoint (base_url, model). Interface only: `complete`
-    raises until the HTTP client lands (a later issue); construct it to validate the spec early."""
+    """A remote OpenAI-compatible chat endpoint (base_url, model): greedy completions through
+    mocojax.endpoint's client (retries, concurrency limit, timeout, a disk cache under cache_dir)."""
 
-    implemented = False
-
-    def __init__(self, base_url, model, api_key_env="OPENAI_API_KEY"):
+    def __init__(self, base_url, model, api_key_env="OPENAI_API_KEY", *, max_tokens=256, cache_dir=None,
+                 concurrency=8, image_size=128, timeout=120.0, max_retries=5):
         if not base_url.startswith(("http://", "https://")) or not model:
             raise ValueError(f"endpoint {base_url!r} model {model!r}: want openai:http(s)://host/v1#model")
         self.name, self.base_url, self.model, self.api_key_env = f"{model}@{base_url}", base_url, model, api_key_env
+        self.max_tokens, self.image_size = max_tokens, image_size
+        self.client_args = dict(api_key=os.environ.get(api_key_env) if api_key_env else None, concurrency=concurrency,
+                                timeout=timeout, max_retries=max_retries, cache_dir=cache_dir)
+
+    def _image(self, image):
+        from mocojax import processing
+
+        if isinstance(image, tw.Scene):
+            return tw.render(image, self.image_size)
+        return image if not isinstance(image, (str, os.PathLike)) else processing.load_image(image)
 
     def complete(self, prompts, images):
-        raise NotImplementedError(f"{self.name}: remote OpenAI-compatible judges are not implemented yet "
-                                  "(the interface is mocojax.eval.judges.TextGenerator)")
+        from mocojax import endpoint
+
+        bodies = [{"messages": [endpoint.user_message(p, [] if i is None else [self._image(i)])],
+                   "temperature": 0, "max_tokens": self.max_tokens} for p, i in zip(prompts, images)]
+        with endpoint.EndpointClient(self.base_url, self.model, **self.client_args) as client:
+            return endpoint.texts(client.chat_many(bodies, desc=self.name))
 
 
 def image_of(record):

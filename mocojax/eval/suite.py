@@ -8,8 +8,8 @@ A caption source is named by a spec:
   toy:reference      the toy world's reference caption of each scene (the ceiling)
   toy:blind          the next held-out scene's reference caption (image-blind: the floor)
 A judge / reader spec is "oracle" (the toy world's exact scorer), "self" (the scored model in
-the judge / reader role), any model spec above, or "openai:URL#MODEL" (a remote endpoint: the
-interface only, for now). Every spec is checked before any caption is generated, so a missing
+the judge / reader role), any model spec above, or "openai:URL#MODEL" (a remote OpenAI-compatible
+endpoint through mocojax.endpoint, its replies cached under <workdir>/endpoint_cache). Every spec is checked before any caption is generated, so a missing
 checkpoint is a one-line error, not a traceback after minutes of work.
 """
 
@@ -141,16 +141,23 @@ def captions_of(source, records, config, out_dir, setup_cache):
     return captions, generator
 
 
+def endpoint_generator(spec, config, out_dir):
+    """Returns the judges.EndpointGenerator of an "openai:URL#MODEL" spec (SpecError if malformed)."""
+    url, _, model_name = spec[len("openai:"):].partition("#")
+    try:
+        return judges.EndpointGenerator(url, model_name, max_tokens=config.eval.max_new_tokens,
+                                        cache_dir=os.path.join(out_dir, "endpoint_cache"),
+                                        image_size=config.data.image_size)
+    except ValueError as e:
+        raise SpecError(f"{spec}: {e}") from None
+
+
 def make_judge(spec, config, out_dir, setup_cache, self_generator, sees_image):
     """Returns the judge / reader of a spec (see the module docstring; run() has checked it)."""
     if spec == "oracle":  # run() has checked the data is the toy world
         return judges.OracleJudge()
     if spec.startswith("openai:"):
-        url, _, model_name = spec[len("openai:"):].partition("#")
-        try:
-            return judges.ModelJudge(judges.EndpointGenerator(url, model_name), sees_image)
-        except ValueError as e:
-            raise SpecError(str(e)) from None
+        return judges.ModelJudge(endpoint_generator(spec, config, out_dir), sees_image)
     if spec == "self":
         return judges.ModelJudge(self_generator, sees_image)
     source = resolve(spec)
@@ -201,8 +208,8 @@ def run(config, out_dir, *, model_spec, against_spec=None, also_specs=(), protoc
             raise SpecError("judge/reader 'self': the scored source is captions, not a model")
         if spec == "oracle" and not toy:
             raise SpecError("the oracle judge knows only the toy world; name a model judge (--judge=DIR)")
-        if spec.startswith("openai:") and not judges.EndpointGenerator.implemented:
-            raise SpecError(f"{spec}: remote OpenAI-compatible judges are not implemented yet (a later issue)")
+        if spec.startswith("openai:"):
+            endpoint_generator(spec, config, out_dir)  # a malformed spec fails here, before any work
     seen = {model["label"]}
     for k, other in enumerate(others, 2):  # the same source twice (a model against itself) gets a suffix
         if other["label"] in seen:
