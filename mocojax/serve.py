@@ -9,7 +9,8 @@ chat.completion object. GET /v1/models lists the one model; GET /health answers 
 
 Requests are batched: a worker thread takes the first waiting request, collects those that
 arrive within --batch_window_ms (up to --max_batch prompts), groups them by sampling settings
-and runs one jitted `sampling.generate` call per group. Greedy requests (temperature 0) batch
+and runs one jitted `sampling.generate` call per group (its rows padded to a power of two and
+its max_tokens rounded up to one, so few programs are compiled). Greedy requests (temperature 0) batch
 with any other greedy request; sampled requests with a `seed` run alone (so a seed always gives
 the same reply, whatever else is in flight); unseeded sampled requests share one call.
 
@@ -251,7 +252,11 @@ class Batcher:
         model, head = self.model, group[0]
         processor = model.processor
         self.batch_sizes.append(len(group))
-        batch = processor([r.conversation for r in group], mode="generate")
+        # Pad the batch to a power of two (repeating the first prompt) so a server compiles one
+        # set of programs per bucket, not one per number of requests that happened to arrive.
+        rows = 1 << (len(group) - 1).bit_length()
+        conversations = [r.conversation for r in group] + [head.conversation] * (rows - len(group))
+        batch = processor(conversations, mode="generate")
         if head.temperature == 0:
             rng = None
         elif head.seed is not None:

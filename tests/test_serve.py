@@ -123,3 +123,29 @@ def test_bad_requests_get_clear_errors(url, body, status, words):
 
 def test_models_route_names_the_served_model(url):
     assert [m["id"] for m in httpx.get(f"{url}/models").json()["data"]] == ["tiny"]
+
+
+def test_a_workdir_is_served_from_its_config_and_newest_checkpoint(tmp_path):
+    import jax
+
+    from configs import toyworld
+    from mocojax import checkpoint, config_utils
+
+    config = toyworld.get_config("tiny")
+    workdir = str(tmp_path)
+    (tmp_path / "config.json").write_text(config.to_json_best_effort())  # as mocojax.main writes it
+    params = config_utils.build_setup(config, workdir).load_params()
+    manager = checkpoint.Manager(workdir, "sft", keep=1)
+    manager.save(3, {"params": params, "step": np.int32(3), "rng": jax.random.key(0)}, {})
+    manager.close()
+    loaded = serve.load_model(workdir)
+    assert loaded.name == f"{tmp_path.name}_sft"
+    assert loaded.cfg == config_utils.build_setup(config, workdir).model_config
+    np.testing.assert_array_equal(jax.tree.leaves(loaded.params)[0], jax.tree.leaves(params)[0])
+    batcher = serve.Batcher(loaded)
+    try:
+        reply = batcher.generate([serve.parse_request({"messages": TEXT, "temperature": 0, "max_tokens": 4},
+                                                      max_tokens_limit=64, max_n=1)])
+    finally:
+        batcher.close()
+    assert reply[0]["choices"][0]["generated"] <= 4
