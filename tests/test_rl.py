@@ -79,15 +79,29 @@ def test_rl_end_to_end_policy_moves_momentum_is_ema_roles_get_no_gradient(tmp_pa
     rl_patterns.patterned_roles(monkeypatch.setattr)
     monkeypatch.setattr(rl, "_evaluate", lambda *args: {})  # held-out eval has its own tests
 
-    step_state_keys, trajectory, momenta = [], [], []
+    step_state_keys, trajectory, momenta, objective_change = [], [], [], []
     make_grpo_step, sync = rl.make_grpo_step, rl.sync
 
     def recording_make_grpo_step(*args):
         step_fn = make_grpo_step(*args)
+        cfg, num_samples = args[0], args[2].num_samples
+
+        @jax.jit
+        def weighted_loglik(params, batch):
+            """sum_i A_i log pi(caption_i): the quantity a policy-gradient step must raise."""
+            total = 0.0
+            for a in range(batch["advantages"].shape[0]):
+                micro = jax.tree.map(lambda x: x[a], batch)
+                logprobs = rl.completion_logprobs(cfg, params, micro, num_samples)
+                total += jax.numpy.sum(micro["advantages"][:, None] * logprobs * micro["mask"])
+            return total
 
         def recording_step(state, batch, ref_params):
             step_state_keys.append(sorted(state))
-            return step_fn(state, batch, ref_params)
+            before = float(weighted_loglik(state["params"], batch))  # state is donated below
+            new_state, metrics = step_fn(state, batch, ref_params)
+            objective_change.append(float(weighted_loglik(new_state["params"], batch)) - before)
+            return new_state, metrics
 
         return recording_step
 
@@ -106,6 +120,9 @@ def test_rl_end_to_end_policy_moves_momentum_is_ema_roles_get_no_gradient(tmp_pa
     assert len(trajectory) == steps and last["no_signal_skipped_total"] == 0
     # The jitted update sees only the Policy's state: the momentum is not an input of it.
     assert step_state_keys == [["opt_state", "params", "rng", "step"]] * steps
+    # Each update moves the Policy up its own batch's advantage-weighted log-likelihood (a sign
+    # error or a one-token shift between logits and caption tokens would lower it).
+    assert len(objective_change) == steps and all(change > 0 for change in objective_change), objective_change
 
     theta_0 = jax.tree.map(np.array, config_utils.build_setup(config, workdir).load_params())
     leaves = lambda tree: [np.asarray(x, np.float64) for x in jax.tree.leaves(tree)]
