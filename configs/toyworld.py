@@ -56,6 +56,9 @@ def get_config(arg=""):
     config.data.seed = 1
     config.data.num_train_scenes = 4000
     config.data.num_eval_scenes = 24
+    # > 0: Policy SFT captions leave out each object with this probability (captions that skip
+    # details, as human and teacher captions do); the roles still see full references.
+    config.data.policy_drop = 0.0
     config.data.mix = (2, 1, 1)  # Policy : Generator : Judge records per scene (the paper's 2:1:1)
     config.data.image_size = IMAGE_SIZE
     # Fixed 96x96 images (the default min_pixels would upscale them to 256x256 = 64 tokens).

@@ -95,6 +95,9 @@ def validate(config, stages):
         _check(config, "data.tasks", lambda v: v in ("roles", "base"), "must be 'roles' or 'base'")
         if config.data.tasks == "base" and config.data.source != "toyworld":
             _fail("data.tasks", config.data.tasks, "'base' tasks exist for data.source='toyworld' only")
+    if "policy_drop" in config.data:
+        _check(config, "data.policy_drop", lambda v: isinstance(v, (int, float)) and 0 <= v < 1,
+               "must be a number in [0, 1)")
     if config.data.get("task_mix"):
         try:
             toybase.parse_task_mix(config.data.task_mix)
@@ -244,9 +247,10 @@ def sft_examples(config, processor=None):
         return (toybase.base_records(data.seed, data.num_train_scenes, task_mix=mix),
                 toybase.base_records(data.seed, data.num_eval_scenes, start=data.num_train_scenes, task_mix=mix))
     if data.source == "toyworld":
-        train = toyroles.sft_records(data.seed, data.num_train_scenes, tuple(data.mix))
+        drop = data.get("policy_drop", 0.0)
+        train = toyroles.sft_records(data.seed, data.num_train_scenes, tuple(data.mix), policy_drop=drop)
         held_out = toyroles.sft_records(data.seed, data.num_eval_scenes, tuple(data.mix),
-                                        start=data.num_train_scenes)
+                                        start=data.num_train_scenes, policy_drop=drop)
         return train, held_out
     return tuple(user_examples(config, path, processor) if path else []
                  for path in (data.train_path, data.eval_path))

@@ -183,3 +183,37 @@ def test_tokenizer_covers_every_record(tmp_path):
     ids = tokenizer(specials, add_special_tokens=False)["input_ids"]
     assert tokenizer.convert_ids_to_tokens(ids[:2]) == ["<|im_start|>", "user"]
     assert len(ids) == 8
+
+
+def test_terse_captions_skip_objects_but_state_only_true_facts():
+    """policy_drop: Policy targets leave objects out (recall < 1) but never state a wrong fact;
+    at least one object stays; 0 gives the references unchanged; validation refuses 1."""
+    scenes = tw.make_scenes(3, 200)
+    metrics = [tw.caption_metrics(s, tw.terse_caption(s, 3, 0, 0.5)) for s in scenes]
+    assert all(m["precision"] == 1.0 for m in metrics)
+    assert all(len(tw.parse_caption(tw.terse_caption(s, 3, 0, 0.99))[0]) == 1 for s in scenes)
+    multi = [m for s, m in zip(scenes, metrics) if len(s.objects) > 1]
+    assert 0.5 < np.mean([m["recall"] for m in multi]) < 0.9
+    assert tw.terse_caption(scenes[5], 3, 1, 0.5) == tw.terse_caption(scenes[5], 3, 1, 0.5)
+    terse = toyroles.sft_records(3, 20, (2, 1, 1), policy_drop=0.5)
+    full = toyroles.sft_records(3, 20, (2, 1, 1))
+    assert [r["target"] for r in terse if r["role"] != "policy"] == [r["target"] for r in full if r["role"] != "policy"]
+    assert [r["target"] for r in terse if r["role"] == "policy"] != [r["target"] for r in full if r["role"] == "policy"]
+    assert toyroles.sft_records(3, 5, (2, 1, 1), policy_drop=0.0) == toyroles.sft_records(3, 5, (2, 1, 1))
+
+
+def test_policy_drop_validated():
+    import importlib.util
+
+    from mocojax import config_utils, main
+
+    import os
+
+    spec = importlib.util.spec_from_file_location("toyworld_config", os.path.join(
+        os.path.dirname(__file__), os.pardir, "configs", "toyworld.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config("tiny")
+    config.data.policy_drop = 1.0
+    with pytest.raises(ValueError, match="data.policy_drop"):
+        config_utils.validate(config, main.STAGES)

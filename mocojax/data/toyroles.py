@@ -241,7 +241,7 @@ MAX_RUBRIC_ITEMS = 10
 GENERATOR_REFERENCES = 1
 
 
-def scene_sft_records(scene, seed, mix=(2, 1, 1), num_candidates=4):
+def scene_sft_records(scene, seed, mix=(2, 1, 1), num_candidates=4, policy_drop=0.0):
     """Returns the SFT records of one scene: mix = (policy, generator, judge) record counts.
 
     Every record is a dict with id, role, scene_id and target text; Policy and Generator
@@ -251,12 +251,15 @@ def scene_sft_records(scene, seed, mix=(2, 1, 1), num_candidates=4):
     miss and invent. The Judge grades that rubric on the candidates and on other weak captions
     of the scene (a small share on a complete reference), so its targets are near half "1".
     Judge targets are exactly right by construction (computed from the parsed caption).
+    policy_drop > 0: Policy targets leave out each object with that probability
+    (`toyworld.terse_caption`), as captions that skip details; the roles keep full references.
     """
     num_policy, num_generator, num_judge = mix
     references = tw.reference_captions(scene, seed, max(3, num_policy))
     ref_ids = [f"{scene.id}/ref{k}" for k in range(len(references))]
     records = [{"id": f"{scene.id}/policy{k}", "role": "policy", "scene_id": scene.id,
-                "scene": scene, "caption_id": ref_ids[k], "target": references[k]}
+                "scene": scene, "caption_id": ref_ids[k] if not policy_drop else f"{scene.id}/terse{k}",
+                "target": references[k] if not policy_drop else tw.terse_caption(scene, seed, k, policy_drop)}
                for k in range(num_policy)]
     rubric = shown = None
     for g in range(max(1, num_generator)):
@@ -298,10 +301,10 @@ def scene_sft_records(scene, seed, mix=(2, 1, 1), num_candidates=4):
     return records
 
 
-def sft_records(seed, num_scenes, mix=(2, 1, 1), start=0):
+def sft_records(seed, num_scenes, mix=(2, 1, 1), start=0, policy_drop=0.0):
     """Returns the SFT records of scenes start..start+num_scenes-1, grouped by scene."""
     return [record for scene in tw.make_scenes(seed, num_scenes, start)
-            for record in scene_sft_records(scene, seed, mix)]
+            for record in scene_sft_records(scene, seed, mix, policy_drop=policy_drop)]
 
 
 class ExactRoles:

@@ -219,6 +219,15 @@ def _mention_of(obj):
     return Mention(obj.shape, obj.colour, obj.size, obj.position)
 
 
+def terse_caption(scene, seed, k, drop):
+    """Returns a caption that leaves out each object with probability `drop` (at least one kept),
+    like a human or teacher caption that skips details; deterministic in (seed, scene, k)."""
+    rng = np.random.default_rng([seed, 13, k, *map(ord, scene.id)])
+    keep = [i for i in rng.permutation(len(scene.objects)) if rng.random() >= drop]
+    keep = keep or [int(rng.integers(len(scene.objects)))]
+    return write_caption([_mention_of(scene.objects[i]) for i in keep], scene.background, rng)
+
+
 def reference_captions(scene, seed, count=3):
     """Returns `count` complete captions of the scene, varied in order, frame and wording."""
     rng = np.random.default_rng([seed, 1, *map(ord, scene.id)])
