@@ -112,8 +112,18 @@ def test_gradient_accumulation_matches_one_big_batch(setup, train_step):
         results.append((float(metrics["loss"]), float(metrics["grad_norm"]), state["params"]))
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5)
     np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-4)
-    # Adam moves near-zero-gradient weights by ~lr on step one, so compare at 1% of lr.
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4), results[0][2], results[1][2])
+    # Adam's first step moves a weight by lr * g / (|g| + eps). Where |g| >> eps that is lr in
+    # size, and the two runs must agree to 1% of lr. Where |g| is near or below eps (0.2% of the
+    # weights here, e.g. patch-embedding inputs that hardly vary over the batch: measured
+    # |update| 0.035-0.047 lr) float32 summation order changes the fraction by percents of lr,
+    # so those weights are only checked to move less than lr in both runs.
+    lr, compared, total = 1e-2, 0, 0
+    for a, b, p in zip(*(map(np.asarray, jax.tree.leaves(tree)) for tree in (results[0][2], results[1][2], params))):
+        conditioned = np.abs(a - p) >= 0.99 * lr
+        np.testing.assert_allclose(a[conditioned], b[conditioned], atol=1e-4)
+        assert (np.abs(a - p)[~conditioned] < lr).all() and (np.abs(b - p)[~conditioned] < lr).all()
+        compared, total = compared + conditioned.sum(), total + conditioned.size
+    assert compared > 0.5 * total  # most weights are compared exactly (the rest: zero or tiny gradients)
 
 
 def test_non_finite_loss_skips_the_update_and_counts_it():
