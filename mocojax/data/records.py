@@ -5,11 +5,13 @@ An image record is one JSON object per line of a JSONL file:
     {"id": "000123",                                   required, unique
      "image": "images/000123.jpg",                     required; relative to image_root
      "references": ["A red car parked ...", "..."],    required: >= 1 non-empty caption
+     "policy_targets": ["A red car ..."],              optional: the Policy's targets ([]: none)
      "candidates": [{"id": "c0", "caption": "..."}],   optional: captions to write rubrics for
      "rubric": [{"criterion": "...", "check": "...", "weight": 3}],          optional
      "decisions": {"c0": [{"value": 1, "rationale": "..."}, ...]}}         optional
 
-`sft_examples` turns image records into role examples: one Policy example per reference; a
+`sft_examples` turns image records into role examples: one Policy example per reference (per
+`policy_targets` entry when that field is given, e.g. teacher captions from mocojax.distill); a
 Generator example when `rubric` and `candidates` are given; one Judge example per candidate
 listed in `decisions` (one decision per rubric item, in rubric order). Without the optional
 fields an image record serves RL (image + references) and Policy SFT.
@@ -224,6 +226,8 @@ def validate(raw, image_root="", check_images=True):
     record = {"id": record_id, "image": path,
               "references": _captions(raw, "references", record_id),
               "candidates": _candidates(raw, record_id)}
+    if raw.get("policy_targets") is not None:  # [] : no Policy example for this image
+        record["policy_targets"] = _captions(raw, "policy_targets", record_id) if raw["policy_targets"] != [] else []
     if raw.get("rubric") is not None:
         record["rubric"] = _rubric(raw["rubric"], record_id)
     if raw.get("decisions") is not None:
@@ -285,7 +289,7 @@ def sft_examples(records):
     """Returns the role examples (dicts, see module doc) that image records support."""
     examples = []
     for record in records:
-        for k, reference in enumerate(record["references"]):
+        for k, reference in enumerate(record.get("policy_targets", record["references"])):
             examples.append({"id": f"{record['id']}/policy{k}", "role": "policy",
                              "image": record["image"], "target": reference})
         rubric = record.get("rubric")

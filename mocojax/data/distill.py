@@ -1,0 +1,657 @@
+"""The role SFT set built by teachers through OpenAI-compatible endpoints (`python -m mocojax.distill`).
+
+From image records with references (records.py, PixMo-Cap or DenseFusion rows) it asks, per image:
+
+  policy      the teacher's caption(s) of the image: the Policy's SFT targets (`policy_targets`)
+  candidates  M captions sampled from the STUDENT (a checkpoint or an endpoint), unless the record
+              already has candidates: what the Generator writes its rubric against
+  generator   a rubric from (image, references, candidates), the exact prompt of roles.generator_messages
+  judge       per candidate, decisions against that rubric (roles.judge_messages, no image)
+
+and, with rubric_mode="committee" (RubiCap), the rubric instead comes from a committee:
+  committee   K teacher captions (K teachers, or one teacher sampled K times)
+  consensus   the facts at least ceil(K/2) of them state, from the rubric writer (the generator
+              teacher), in the rubric line format with the number of agreeing captions as weight
+  generator   a rubric of the candidates' deficiencies against those facts, severity weights 3/2/1
+
+Every teacher reply is checked with the project's parsers (roles.parse_rubric / parse_decisions;
+captions must be non-empty and, unless keep_truncated, not cut at max_tokens). A reply with any
+problem is counted, logged in the ledger with the parser's problems, and asked again (sampled, a new
+seed) up to max_asks times in all; then that output is dropped. Bad output is never written.
+
+Files (OUT is the records JSONL, the format of records.py, which loads straight into SFT):
+  OUT                  one image record per image with at least one usable output
+  OUT.ledger.jsonl     the write-ahead log: a first line with the run's options, then one line per
+                       finished image (status written / dropped, its record, counts, rejected replies)
+  OUT.summary.json     counts over the whole ledger (every run), rewritten at the end of each run
+  OUT.cache/           the endpoint replies (mocojax.endpoint's cache): a rerun re-sends nothing
+
+Each image's ledger line is appended and fsynced before its record line; on start, a torn last line
+(a kill mid-write) is cut from both files, and a record the ledger has but OUT lacks is appended,
+so after kill -9 the same command resumes without losing or duplicating a record. Images are done
+chunk by chunk (all requests of a chunk in flight together); a kill loses at most the chunk in
+flight, whose replies are in the cache.
+
+Endpoint failures: a request the endpoint refuses as malformed (HTTP 400 / 413 / 422, e.g. an image
+over its size limit) is counted as an error of that image's role and not re-asked; anything else
+after the client's retries (unreachable, timeouts, 401/403/404, 5xx, 429) stops the run with a
+DistillError naming it; the images finished before are kept, the chunk in flight is not written.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import math
+import os
+
+from tqdm import tqdm
+
+from mocojax import endpoint, processing, roles
+from mocojax.data import records as records_lib
+from mocojax.data import sources
+
+RUBRIC_MODES = ("generator", "committee")
+# Statuses the endpoint answers for a request that is itself unusable: not retried, not fatal.
+REQUEST_ERRORS = (400, 413, 422)
+# Options that change what is written: a resumed run must use the same ones.
+_RECORD_OPTIONS = ("num_policy", "keep_references", "num_candidates", "num_judged", "max_asks", "policy_max_tokens",
+                   "candidate_max_tokens", "rubric_max_tokens", "judge_max_tokens", "temperature",
+                   "sample_temperature", "student_temperature", "keep_truncated", "rubric_mode", "committee_size",
+                   "max_rubric_items", "seed")
+
+CONSENSUS_INSTRUCTION = (
+    "Here are {k} captions of this image by different describers. List the facts about the image "
+    "(objects, attributes, positions, text, context) that at least {need} of them state and that the "
+    "image confirms. One fact per line: id | number of captions that state it | fact | caption numbers.")
+COMMITTEE_INSTRUCTION = (
+    "Write a rubric to grade captions of this image. The consensus facts are the truth. Diagnose what "
+    "the candidate captions missed or got wrong against them, one binary, easy-to-check item per "
+    "deficiency. One item per line: id | weight | criterion | check. Weights: 3 critical (main subject "
+    "wrong or missing, a major invented element), 2 important (a secondary object missing, a wrong "
+    "attribute), 1 minor (vague wording, a missing detail).")
+
+
+class DistillError(RuntimeError):
+    """A run that cannot go on (an endpoint that does not answer, a damaged or mismatched output)."""
+
+
+@dataclasses.dataclass
+class Options:
+    """What distill asks and keeps (docs/distill.md lists them with the command-line flags)."""
+
+    num_policy: int = 1  # teacher captions per image (Policy targets)
+    keep_references: bool = False  # also keep the references as Policy targets
+    num_candidates: int = 4  # M student captions per image (when the record has none)
+    num_judged: int = 0  # candidates judged per image (0: all)
+    max_asks: int = 3  # asks per output in all (1 + re-asks of bad replies)
+    policy_max_tokens: int = 512
+    candidate_max_tokens: int = 512
+    rubric_max_tokens: int = 1024
+    judge_max_tokens: int = 1024
+    temperature: float = 0.0  # a teacher's first ask
+    sample_temperature: float = 0.7  # re-asks, extra Policy captions, committee captions from one teacher
+    student_temperature: float = 1.0
+    keep_truncated: bool = False  # keep captions cut at max_tokens
+    rubric_mode: str = "generator"
+    committee_size: int = 3  # K (with one committee teacher; else the number of committee teachers)
+    max_rubric_items: int = 20
+    seed: int = 0
+    chunk_size: int = 32  # images whose requests are in flight together
+
+    def check(self):
+        """Raises ValueError naming the first bad option."""
+        positive = ("num_candidates", "max_asks", "policy_max_tokens", "candidate_max_tokens", "rubric_max_tokens",
+                    "judge_max_tokens", "committee_size", "max_rubric_items", "chunk_size")
+        for key in positive:
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)!r}: must be an int >= 1")
+        if self.num_policy < 0 or self.num_judged < 0:
+            raise ValueError("num_policy and num_judged must be >= 0")
+        if self.rubric_mode not in RUBRIC_MODES:
+            raise ValueError(f"rubric_mode={self.rubric_mode!r}: must be one of {RUBRIC_MODES}")
+        if self.rubric_mode == "committee" and self.committee_size < 2:
+            raise ValueError(f"committee_size={self.committee_size}: a committee needs >= 2 captions")
+        for key in ("temperature", "sample_temperature", "student_temperature"):
+            if not 0 <= getattr(self, key) <= 2:
+                raise ValueError(f"{key}={getattr(self, key)!r}: must be in [0, 2]")
+        if self.sample_temperature == 0:
+            raise ValueError("sample_temperature=0: re-asks and extra captions must sample (> 0)")
+
+
+@dataclasses.dataclass
+class Teachers:
+    """The clients of each part (anything with chat_many(bodies, return_exceptions=, desc=) and
+    close(): endpoint.EndpointClient or LocalClient). `committee` is a list (one caption each), or
+    one client asked committee_size times; `student` may be None when every record has candidates."""
+
+    policy: object
+    generator: object
+    judge: object
+    student: object = None
+    committee: list = dataclasses.field(default_factory=list)
+    names: dict = dataclasses.field(default_factory=dict)  # part -> spec, for the ledger header
+
+
+# ------------------------------------------------------------------------------------------------
+# Clients
+# ------------------------------------------------------------------------------------------------
+
+
+class LocalClient:
+    """A mocojax checkpoint (HF directory or workdir[@stage]) answering chat bodies in-process through
+    mocojax.serve's request parser and batcher: the same replies the served checkpoint would give."""
+
+    def __init__(self, spec, *, min_pixels=None, max_pixels=None, dtype="float32", max_batch=16,
+                 max_tokens_limit=4096, max_n=64, progress=True):
+        from mocojax import serve
+
+        self._serve = serve
+        self.model = serve.load_model(spec, min_pixels=min_pixels, max_pixels=max_pixels, dtype=dtype)
+        self.batcher = serve.Batcher(self.model, max_batch=max_batch, max_tokens_limit=max_tokens_limit)
+        self.limits = dict(max_tokens_limit=max_tokens_limit, max_n=max_n)
+        self.progress, self.stats = progress, {"sent": 0, "retries": 0, "cached": 0}
+
+    def close(self):
+        self.batcher.close()
+
+    def chat_many(self, bodies, *, return_exceptions=False, desc="local"):
+        pending = []
+        for body in bodies:
+            try:
+                request = self._serve.parse_request(body, **self.limits)
+                pending.append((request, self.batcher.submit(request)))
+            except self._serve.RequestError as e:
+                pending.append((None, endpoint.EndpointError(f"{self.model.name}: {e}", 400)))
+        results = []
+        for request, future in tqdm(pending, desc=desc, disable=not self.progress, leave=False):
+            if isinstance(future, BaseException):
+                results.append(future)
+                continue
+            self.stats["sent"] += 1
+            try:
+                results.append(self._serve.completion_body(self.model, request, future.result()))
+            except Exception as e:  # noqa: BLE001 - a bad prompt (too long) is that request's error
+                results.append(endpoint.EndpointError(f"{self.model.name}: {type(e).__name__}: {e}", 400))
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors and not return_exceptions:
+            raise errors[0]
+        return results
+
+
+def make_client(spec, *, cache_dir=None, concurrency=8, timeout=120.0, max_retries=5, api_key_env="OPENAI_API_KEY",
+                min_pixels=None, max_pixels=None, progress=True):
+    """Returns the client of a spec: "openai:URL#MODEL" (an EndpointClient caching under cache_dir)
+    or a local checkpoint (LocalClient)."""
+    if spec.startswith("openai:"):
+        url, _, model = spec[len("openai:"):].partition("#")
+        if not model:
+            raise ValueError(f"{spec!r}: want openai:http(s)://host:port/v1#MODEL")
+        return endpoint.EndpointClient(url, model, api_key=os.environ.get(api_key_env) if api_key_env else None,
+                                       cache_dir=cache_dir, concurrency=concurrency, timeout=timeout,
+                                       max_retries=max_retries, progress=progress)
+    return LocalClient(spec, min_pixels=min_pixels, max_pixels=max_pixels, progress=progress)
+
+
+# ------------------------------------------------------------------------------------------------
+# Asking with checks and re-asks
+# ------------------------------------------------------------------------------------------------
+
+
+def openai_messages(messages, image_url):
+    """Returns roles.* messages (processing's format) as OpenAI messages, images as image_url."""
+    out = []
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, list):
+            content = [{"type": "image_url", "image_url": {"url": image_url}} if part["type"] == "image"
+                       else {"type": "text", "text": part["text"]} for part in content]
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
+@dataclasses.dataclass
+class _Image:
+    """One image's state while its chunk is in flight."""
+
+    record: dict
+    image_url: str = ""
+    asked: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    bad: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    dropped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    errors: list = dataclasses.field(default_factory=list)
+    rejects: list = dataclasses.field(default_factory=list)
+    committee: list = None  # committee mode: the usable committee captions, then the consensus facts
+    consensus: list = None
+
+
+@dataclasses.dataclass
+class _Job:
+    """One output to obtain: a prompt, its client and the check its reply must pass."""
+
+    image: _Image
+    part: str
+    client: object
+    messages: list
+    max_tokens: int
+    check: object  # reply -> (value, problems)
+    temperature: float
+    draw: int = 0  # distinguishes outputs of the same prompt (extra captions): seeds differ
+    n: int = 1
+    result: object = None
+
+    def body(self, attempt, options):
+        temperature = self.temperature if attempt == 0 else max(self.temperature, options.sample_temperature)
+        body = {"messages": self.messages, "max_tokens": self.max_tokens, "temperature": temperature}
+        if self.n > 1:
+            body["n"] = self.n
+        if temperature > 0:
+            body["seed"] = options.seed + 1000 * attempt + self.draw
+        return body
+
+
+def _reply_texts(reply):
+    return [(c["message"].get("content") or "", c.get("finish_reason")) for c in reply["choices"]]
+
+
+def check_caption(reply, keep_truncated=False):
+    """Returns (caption, problems) of a Policy / committee reply."""
+    text, finish = _reply_texts(reply)[0]
+    if not text.strip():
+        return None, ["empty caption"]
+    if finish == "length" and not keep_truncated:
+        return None, ["caption cut at max_tokens (finish_reason length)"]
+    return text.strip(), []
+
+
+def check_candidates(reply, n):
+    """Returns (the non-empty student captions, problems): problems when fewer than n came back."""
+    texts = [t.strip() for t, _ in _reply_texts(reply) if t.strip()]
+    return texts, [] if len(texts) >= n else [f"{len(texts)} non-empty captions of {n}"]
+
+
+def _truncated(reply):
+    return ["reply cut at max_tokens (finish_reason length)"] if _reply_texts(reply)[0][1] == "length" else []
+
+
+def check_rubric(reply, max_items):
+    """Returns (rubric items, problems) of a Generator reply, through roles.parse_rubric."""
+    items, problems = roles.parse_rubric(_reply_texts(reply)[0][0], max_items=max_items)
+    return items, _truncated(reply) + problems
+
+
+def check_decisions(reply, num_items):
+    """Returns (decisions, problems) of a Judge reply, through roles.parse_decisions."""
+    decisions, problems = roles.parse_decisions(_reply_texts(reply)[0][0], num_items)
+    return decisions, _truncated(reply) + problems
+
+
+def check_consensus(reply, k, max_items):
+    """Returns (facts held by >= ceil(k/2) captions, problems): the rubric parser reads
+    ``id | count | fact | captions`` lines, the count in the weight field."""
+    need = math.ceil(k / 2)
+    items, problems = roles.parse_rubric(_reply_texts(reply)[0][0], max_items=max_items)
+    problems = _truncated(reply) + problems
+    problems += [f"fact {f.criterion!r}: {f.weight:g} captions of {k}" for f in items if f.weight > k]
+    facts = [f.criterion for f in items if f.weight >= need]
+    if items and not facts:
+        problems.append(f"no fact stated by {need} or more captions")
+    return facts, problems
+
+
+def _fatal(error):
+    return not isinstance(error, endpoint.EndpointError) or error.status not in REQUEST_ERRORS
+
+
+def ask(jobs, options, desc):
+    """Fills job.result for every job whose reply passes its check within options.max_asks asks;
+    counts asks, bad replies, drops and request errors on each job's image. Raises DistillError on
+    an endpoint failure that is not the request's own fault."""
+    pending = list(jobs)
+    for attempt in range(options.max_asks):
+        if not pending:
+            break
+        retry = []
+        by_client = collections.defaultdict(list)
+        for job in pending:
+            by_client[id(job.client)].append(job)
+        for group in by_client.values():
+            replies = group[0].client.chat_many([job.body(attempt, options) for job in group], return_exceptions=True,
+                                                desc=f"{desc} ask {attempt + 1}")
+            for job, reply in zip(group, replies):
+                job.image.asked[job.part] += 1
+                if isinstance(reply, BaseException):
+                    if _fatal(reply):
+                        raise DistillError(f"{job.part} request for image {job.image.record['id']}: {reply}")
+                    job.image.errors.append(f"{job.part}: {reply}")
+                    continue
+                value, problems = job.check(reply)
+                if problems:
+                    job.image.bad[job.part] += 1
+                    job.image.rejects.append({"part": job.part, "ask": attempt + 1, "problems": problems[:10],
+                                              "text": _reply_texts(reply)[0][0][:2000]})
+                    retry.append(job)
+                else:
+                    job.result = value
+        pending = retry
+    for job in pending:
+        job.image.dropped[job.part] += 1
+
+
+# ------------------------------------------------------------------------------------------------
+# One chunk of images
+# ------------------------------------------------------------------------------------------------
+
+
+def _job(image, part, client, messages, max_tokens, check, temperature, **kw):
+    return _Job(image, part, client, openai_messages(messages, image.image_url), max_tokens, check, temperature, **kw)
+
+
+def _committee_jobs(images, teachers, options):
+    clients = teachers.committee or [teachers.policy]
+    draws = [(c, 0) for c in clients] if len(clients) > 1 else [(clients[0], d) for d in range(options.committee_size)]
+    jobs = {}
+    for image in images:
+        jobs[image.record["id"]] = [
+            _job(image, "committee", client, roles.policy_messages(None), options.policy_max_tokens,
+                 lambda r: check_caption(r, options.keep_truncated),
+                 options.temperature if draw == 0 else options.sample_temperature, draw=draw)
+            for client, draw in draws]
+    return jobs
+
+
+def _rubric_jobs(images, candidates, teachers, options):
+    """Returns {id: generator job} for the images that have candidates (runs the committee first)."""
+    ready = [i for i in images if candidates.get(i.record["id"])]
+    if options.rubric_mode == "generator":
+        return {i.record["id"]: _job(i, "generator", teachers.generator,
+                                     roles.generator_messages(None, i.record["references"], candidates[i.record["id"]]),
+                                     options.rubric_max_tokens, lambda r: check_rubric(r, options.max_rubric_items),
+                                     options.temperature) for i in ready}
+    committee = _committee_jobs(ready, teachers, options)
+    ask([j for js in committee.values() for j in js], options, "committee captions")
+    consensus = {}
+    for image in ready:
+        captions = [j.result for j in committee[image.record["id"]] if j.result is not None]
+        if len(captions) < 2:
+            image.errors.append(f"committee: {len(captions)} usable captions, need 2")
+            continue
+        text = (CONSENSUS_INSTRUCTION.format(k=len(captions), need=math.ceil(len(captions) / 2))
+                + "\n" + "\n".join(f"{k}. {c}" for k, c in enumerate(captions, 1)))
+        consensus[image.record["id"]] = _job(
+            image, "consensus", teachers.generator, roles.prompt_messages(text, image.image_url),
+            options.rubric_max_tokens,
+            lambda r, k=len(captions): check_consensus(r, k, options.max_rubric_items), options.temperature)
+        image.committee = captions
+    ask(list(consensus.values()), options, "consensus facts")
+    jobs = {}
+    for rid, job in consensus.items():
+        if job.result is None:
+            continue
+        job.image.consensus = job.result
+        text = (f"{COMMITTEE_INSTRUCTION}\nConsensus facts:\n" + "\n".join(f"{k}. {f}" for k, f in enumerate(job.result, 1))
+                + "\nCandidates:\n" + "\n".join(f"{k}. {c}" for k, c in enumerate(candidates[rid], 1)))
+        jobs[rid] = _job(job.image, "generator", teachers.generator, roles.prompt_messages(text, job.image.image_url),
+                         options.rubric_max_tokens, lambda r: check_rubric(r, options.max_rubric_items),
+                         options.temperature)
+    return jobs
+
+
+def distill_chunk(records, teachers, options, image_root):
+    """Returns one ledger entry per record of a chunk (asks every part; raises DistillError)."""
+    images = []
+    for record in records:
+        image = _Image(record)
+        image.image_url = endpoint.image_data_url(processing.load_image(record["image"]))
+        images.append(image)
+    # Policy captions and student candidates do not depend on each other: one round of asks.
+    policy = {i.record["id"]: [
+        _job(i, "policy", teachers.policy, roles.policy_messages(None), options.policy_max_tokens,
+             lambda r: check_caption(r, options.keep_truncated),
+             options.temperature if d == 0 else options.sample_temperature, draw=d)
+        for d in range(options.num_policy)] for i in images}
+    need = [i for i in images if not i.record.get("candidates")]
+    student = {i.record["id"]: _job(i, "candidates", teachers.student, roles.policy_messages(None),
+                                    options.candidate_max_tokens,
+                                    lambda r: check_candidates(r, options.num_candidates),
+                                    options.student_temperature, n=options.num_candidates) for i in need}
+    ask([j for js in policy.values() for j in js] + list(student.values()), options, "captions")
+    candidates = {}
+    for image in images:
+        rid = image.record["id"]
+        given = [c["caption"] for c in image.record.get("candidates") or []]
+        candidates[rid] = given or (student[rid].result or [])[:options.num_candidates]
+    rubric_jobs = _rubric_jobs(images, candidates, teachers, options)
+    ask(list(rubric_jobs.values()), options, "rubrics")
+    judge_jobs = []
+    for rid, job in rubric_jobs.items():
+        if job.result is None:
+            continue
+        judged = candidates[rid][:options.num_judged or None]
+        judge_jobs += [_job(job.image, "judge", teachers.judge, roles.judge_messages(job.result, caption),
+                            options.judge_max_tokens, lambda r, n=len(job.result): check_decisions(r, n),
+                            options.temperature, draw=k) for k, caption in enumerate(judged)]
+    ask(judge_jobs, options, "decisions")
+    judged = collections.defaultdict(dict)
+    for job in judge_jobs:
+        if job.result is not None:
+            judged[job.image.record["id"]][f"c{job.draw}"] = job.result
+    return [_entry(image, policy[image.record["id"]], candidates[image.record["id"]],
+                   rubric_jobs.get(image.record["id"]), judged[image.record["id"]], options, image_root)
+            for image in images]
+
+
+def _entry(image, policy_jobs, candidates, rubric_job, judged, options, image_root):
+    """Returns the ledger entry of a finished image: its output record (or None) and its counts."""
+    record = image.record
+    targets = []
+    for job in policy_jobs:
+        if job.result is None:
+            continue
+        if job.result in targets:  # the teacher said the same twice: not a second target
+            image.bad["policy"] += 1
+            image.dropped["policy"] += 1
+            image.rejects.append({"part": "policy", "ask": 0, "problems": ["duplicate caption"], "text": job.result})
+            continue
+        targets.append(job.result)
+    if options.keep_references:
+        targets += [r for r in record["references"] if r not in targets]
+    out = {"id": record["id"], "image": os.path.relpath(record["image"], image_root),
+           "references": record["references"], "policy_targets": targets}
+    rubric = rubric_job.result if rubric_job is not None else None
+    if rubric:
+        out["candidates"] = [{"id": f"c{k}", "caption": c} for k, c in enumerate(candidates)]
+        out["rubric"] = [{"criterion": i.criterion, "check": i.check, "weight": i.weight} for i in rubric]
+        if judged:
+            out["decisions"] = {cid: [{"value": d.value, "rationale": d.rationale} for d in ds]
+                                for cid, ds in judged.items()}
+    written = bool(targets) or bool(rubric)
+    entry = {"id": record["id"], "status": "written" if written else "dropped", "record": out if written else None,
+             "asked": dict(image.asked), "bad": dict(image.bad), "dropped": dict(image.dropped),
+             "errors": image.errors, "rejects": image.rejects}
+    if image.committee is not None:
+        entry["committee"], entry["consensus"] = image.committee, image.consensus
+    return entry
+
+
+# ------------------------------------------------------------------------------------------------
+# Files: the ledger, the records, resume
+# ------------------------------------------------------------------------------------------------
+
+
+def ledger_path(out):
+    return out + ".ledger.jsonl"
+
+
+def _read_lines(path):
+    """Returns (rows, byte length of the whole lines): a last line without its newline, or one that
+    is not JSON, is a torn write and left out; bad JSON before the last line raises ValueError."""
+    if not os.path.exists(path):
+        return [], 0
+    with open(path, "rb") as f:
+        data = f.read()
+    rows, good = [], 0
+    lines = data.splitlines(keepends=True)
+    for k, line in enumerate(lines):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            if k == len(lines) - 1:
+                break
+            raise ValueError(f"{path}: line {k + 1} is not JSON; the file is damaged (move it away to start over)")
+        good += len(line)
+    if good < len(data):
+        logging.warning("%s: cut a torn last line (%d bytes) left by an interrupted run", path, len(data) - good)
+        with open(path, "r+b") as f:
+            f.truncate(good)
+            os.fsync(f.fileno())
+    return rows, good
+
+
+def _append(f, row):
+    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _header(options, teachers, source):
+    return {"options": {k: getattr(options, k) for k in _RECORD_OPTIONS}, "teachers": teachers.names,
+            "source": source}
+
+
+def open_outputs(out, header):
+    """Returns (ledger entries so far, ledger file, records file) opened for appending, after
+    repairing what a kill left: torn last lines cut, a ledgered record missing from OUT appended.
+    Raises ValueError for files this run cannot continue (other settings, damage, foreign records)."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    rows, _ = _read_lines(ledger_path(out))
+    if rows:
+        if rows[0].get("options") != header["options"]:
+            diff = sorted(k for k in set(header["options"]) | set(rows[0].get("options", {}))
+                          if rows[0].get("options", {}).get(k) != header["options"].get(k))
+            raise ValueError(f"{out}: was started with other settings ({', '.join(diff)}); "
+                             "rerun with the same flags, or give another --out")
+        if rows[0].get("teachers") != header["teachers"]:  # a server restarted on another port, say
+            logging.warning("%s: resuming with other teachers %s (started with %s)", out, header["teachers"],
+                            rows[0].get("teachers"))
+        entries = rows[1:]
+    else:
+        if os.path.exists(out) and os.path.getsize(out):
+            raise ValueError(f"{out} exists but has no ledger {ledger_path(out)}; move it away or give another --out")
+        entries = []
+    written, _ = _read_lines(out)
+    ledgered = {e["id"] for e in entries}
+    extra = [r.get("id") for r in written if r.get("id") not in ledgered]
+    if extra:
+        raise ValueError(f"{out} holds records the ledger does not list ({extra[:3]}); it was not written by this run")
+    ledger = open(ledger_path(out), "a")
+    if not rows:
+        _append(ledger, header)
+    records = open(out, "a")
+    have = {r["id"] for r in written}
+    for entry in entries:  # killed between the ledger line and the record line
+        if entry["status"] == "written" and entry["id"] not in have:
+            _append(records, entry["record"])
+    return entries, ledger, records
+
+
+def summarize(entries, client_stats=None):
+    """Returns the counts of a ledger: images written / dropped, per part asks / bad / dropped / errors,
+    Policy, Generator and Judge records, and the most common problems."""
+    parts = collections.defaultdict(collections.Counter)
+    problems = collections.Counter()
+    roles_written = collections.Counter()
+    for entry in entries:
+        for key in ("asked", "bad", "dropped"):
+            for part, n in entry[key].items():
+                parts[part][key] += n
+        for error in entry["errors"]:
+            parts[error.split(":")[0]]["errors"] += 1
+        for reject in entry["rejects"]:
+            problems[reject["problems"][0] if reject["problems"] else "?"] += 1
+        record = entry.get("record")
+        if record:
+            roles_written["policy"] += len(record["policy_targets"])
+            roles_written["generator"] += int("rubric" in record)
+            roles_written["judge"] += len(record.get("decisions", {}))
+    status = collections.Counter(e["status"] for e in entries)
+    return {"images": {"written": status["written"], "dropped": status["dropped"]},
+            "sft_examples": dict(roles_written),
+            "parts": {p: {k: c[k] for k in ("asked", "bad", "dropped", "errors")} for p, c in sorted(parts.items())},
+            "top_problems": problems.most_common(10), "this_run": client_stats or {}}
+
+
+def format_summary(summary):
+    lines = [f"images: {summary['images']['written']} written, {summary['images']['dropped']} dropped; "
+             f"SFT examples: {summary['sft_examples']}",
+             f"{'part':<12}{'asked':>8}{'bad':>8}{'dropped':>9}{'errors':>8}"]
+    for part, c in summary["parts"].items():
+        lines.append(f"{part:<12}{c['asked']:>8}{c['bad']:>8}{c['dropped']:>9}{c['errors']:>8}")
+    for problem, n in summary["top_problems"][:5]:
+        lines.append(f"  {n} x {problem}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# The run
+# ------------------------------------------------------------------------------------------------
+
+
+def load_images(source, path, image_dir=None, strict=False):
+    """Returns (image records, image root) of a source: "jsonl" (records.py; image_dir overrides the
+    JSONL's folder as image root), "pixmo_cap" or "densefusion" (sources.py; image_dir required)."""
+    if source == "jsonl":
+        root = image_dir or os.path.dirname(os.path.abspath(path))
+        return records_lib.load_jsonl(path, image_root=root, strict=strict)[0], root
+    if not image_dir:
+        raise ValueError(f"source {source!r} needs the image folder (--image_dir)")
+    loader = {"pixmo_cap": sources.load_pixmo_cap, "densefusion": sources.load_densefusion}.get(source)
+    if loader is None:
+        raise ValueError(f"source {source!r}: want jsonl, pixmo_cap or densefusion")
+    return loader(path, image_dir, strict=strict)[0], image_dir
+
+
+def run(records, teachers, options, out, image_root, *, source="", progress=True):
+    """Writes the role SFT set of `records` to `out` (resuming a killed run); returns the summary."""
+    options.check()
+    if options.rubric_mode == "committee" and len(teachers.committee) == 1:
+        raise ValueError("one committee teacher: give it as the policy teacher and set committee_size")
+    lacking = [r["id"] for r in records if not r.get("candidates")]
+    if lacking and teachers.student is None:
+        raise ValueError(f"image {lacking[0]} (and {len(lacking) - 1} more) has no candidates: give a student")
+    header = _header(options, teachers, source)
+    entries, ledger, out_file = open_outputs(out, header)
+    try:
+        done = {e["id"] for e in entries}
+        todo = [r for r in records if r["id"] not in done]
+        if done:
+            logging.warning("%s: resuming, %d of %d images done", out, len(records) - len(todo), len(records))
+        bar = tqdm(total=len(todo), desc="distill", unit="image", disable=not progress)
+        for start in range(0, len(todo), options.chunk_size):
+            for entry in distill_chunk(todo[start:start + options.chunk_size], teachers, options, image_root):
+                _append(ledger, entry)
+                if entry["status"] == "written":
+                    _append(out_file, entry["record"])
+                entries.append(entry)
+            bar.update(min(options.chunk_size, len(todo) - start))
+            summary = summarize(entries)
+            bar.set_postfix(written=summary["images"]["written"], dropped=summary["images"]["dropped"],
+                            bad=sum(c["bad"] for c in summary["parts"].values()))
+        bar.close()
+    finally:
+        ledger.close()
+        out_file.close()
+    clients = {name: getattr(client, "stats", {}) for name, client in
+               (("policy", teachers.policy), ("generator", teachers.generator), ("judge", teachers.judge),
+                ("student", teachers.student)) if client is not None}
+    summary = summarize(entries, clients)
+    if os.path.abspath(image_root) != os.path.dirname(os.path.abspath(out)):
+        summary["note"] = (f"image paths are relative to {os.path.abspath(image_root)}, not to the folder of "
+                           f"{out}: train with --config.data.image_root={os.path.abspath(image_root)}")
+    with open(out + ".summary.json", "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
