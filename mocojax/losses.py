@@ -146,7 +146,9 @@ def _aggregate(per_token, mask, aggregation):
 def grpo_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps: float = 0.2,
               clip_eps_high: Optional[float] = None, kl_beta: float = 0.0,
               ref_logprobs=None, aggregation: str = "seq_mean_token_mean"):
-  """Returns (clipped-surrogate GRPO loss to minimise, metrics); [B, T] inputs, advantages [B].
+  """Returns (clipped-surrogate GRPO loss to minimise, metrics); [B, T] inputs, advantages [B]
+  (one per sequence, broadcast over its tokens) or [B, T] (one per token, e.g. LOOP-GRPO's
+  span-aligned advantages in mocojax.loop_grpo).
 
   Per token: -min(rho A, clip(rho, 1 - clip_eps, 1 + clip_eps_high) A) + kl_beta k3(lp, ref)
   with rho = exp(logprobs - old_logprobs); clip_eps_high defaults to clip_eps (DAPO's
@@ -167,8 +169,9 @@ def grpo_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps: float = 0.2
   for name, array in named.items():
     if array.shape != logprobs.shape:
       raise ValueError(f"{name} {array.shape} must match logprobs {logprobs.shape}.")
-  if advantages.shape != logprobs.shape[:1]:
-    raise ValueError(f"advantages {advantages.shape} must be [B] = {logprobs.shape[:1]}.")
+  if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
+    raise ValueError(f"advantages {advantages.shape} must be [B] = {logprobs.shape[:1]} or "
+                     f"[B, T] = {logprobs.shape}.")
   clip_eps_high = clip_eps if clip_eps_high is None else clip_eps_high
   if not (0.0 <= clip_eps < 1.0 and clip_eps_high >= 0.0):
     raise ValueError(f"Need 0 <= clip_eps < 1 and clip_eps_high >= 0, got {clip_eps}, "
@@ -180,7 +183,8 @@ def grpo_loss(logprobs, old_logprobs, advantages, mask, *, clip_eps: float = 0.2
 
   mask = mask.astype(jnp.float32)
   logprobs = logprobs.astype(jnp.float32)
-  advantages = advantages.astype(jnp.float32)[:, None]  # [B, 1]
+  advantages = advantages.astype(jnp.float32)
+  advantages = advantages[:, None] if advantages.ndim == 1 else advantages  # [B, 1] or [B, T]
   ratio = jnp.exp(logprobs - old_logprobs.astype(jnp.float32))  # [B, T]
   clipped_ratio = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps_high)
   per_token = -jnp.minimum(ratio * advantages, clipped_ratio * advantages)
