@@ -17,6 +17,8 @@ process runs this same loop on the same image group: the rollout's text work is 
 identical everywhere, and each jitted program runs once over the whole mesh.
 Groups whose rubric did not parse or whose rewards are all equal are masked out of the loss;
 an update where no group has signal is skipped (params and optimiser state kept) and counted.
+config.rl.reward picks what scores the captions (`reward_source`): the rubric reward above, or
+ACE-Cap's G2P reward (mocojax.train.g2p: Gold-MCQ and a text-only judge, no Generator).
 """
 
 import dataclasses
@@ -210,22 +212,28 @@ def sync(role_momentum, schedule, momentum_copies, params, step, policy_displace
     return momentum_copies, diagnostics
 
 
-def rollout_metrics(rollout):
-    """Returns the per-step scalars of a Rollout: rewards, signal, parse problems, sizes."""
-    group_std = rollout.rewards.std(-1)
+def samples_metrics(samples):
+    """Returns the per-step scalars of any rollout (rollout.PolicySamples): rewards, signal, sizes."""
     return {
-        "reward_mean": float(rollout.rewards.mean()),
-        "reward_std": float(rollout.rewards.std()),
-        "reward_group_std": float(group_std.mean()),
-        "zero_variance_frac": float(rollout.zero_variance.mean()),
+        "reward_mean": float(samples.rewards.mean()),
+        "reward_std": float(samples.rewards.std()),
+        "reward_group_std": float(samples.rewards.std(-1).mean()),
+        "zero_variance_frac": float(samples.zero_variance.mean()),
+        "signal_frac": float(samples.has_signal.mean()),
+        "caption_tokens": float(samples.lengths.mean()),
+        "caption_truncated_frac": float((samples.lengths >= samples.tokens.shape[1]).mean()),
+    }
+
+
+def rollout_metrics(rollout):
+    """Returns the per-step scalars of a rubric Rollout: rewards, signal, parse problems, sizes."""
+    return {
+        **samples_metrics(rollout),
         "rubric_failed_frac": float(1.0 - rollout.rubric_ok.mean()),
-        "signal_frac": float(rollout.has_signal.mean()),
         "generator_problems": float(np.mean([len(p) for p in rollout.generator_problems])),
         "judge_problems": float(rollout.judge_problems[rollout.rubric_ok].mean())
         if rollout.rubric_ok.any() else 0.0,
         "rubric_items": float(np.mean([len(r) for r in rollout.rubrics])),
-        "caption_tokens": float(rollout.lengths.mean()),
-        "caption_truncated_frac": float((rollout.lengths >= rollout.tokens.shape[1]).mean()),
     }
 
 
@@ -247,10 +255,12 @@ def toy_truth(scene, rollout, g):
 
 
 def truth_metrics(truths, rewards):
-    """Returns the step's toy-world truth scalars from toy_truth dicts of its groups; rewards [G, N]."""
+    """Returns the step's toy-world truth scalars from toy_truth dicts of its groups; rewards [G, N].
+    Only "f1" and "hallucinated" are needed: a reward without rubrics (G2P) gives no "item_true"
+    or "decision_right"."""
     f1 = [v for t in truths for v in t["f1"]]
-    items = [v for t in truths for v in t["item_true"]]
-    decisions = [v for t in truths for row in t["decision_right"] for v in row if v is not None]
+    items = [v for t in truths for v in t.get("item_true", [])]
+    decisions = [v for t in truths for row in t.get("decision_right", []) for v in row if v is not None]
     out = {"true/caption_f1": float(np.mean(f1)),
            "true/hallucinated_per_caption": float(np.mean([v for t in truths
                                                            for v in t["hallucinated"]]))}
@@ -293,6 +303,39 @@ def sample_rows(step, rollout, truths):
             row["truth"] = truths[g]
         rows.append(row)
     return rows
+
+
+class RubricSource:
+    """The method's reward: online rubrics from the Generator, decisions from the Judge
+    (rollout.collect), logged with their toy-world truth."""
+
+    roles = ("generator", "judge")
+
+    def __init__(self, scenes):
+        self.scenes = scenes  # {image id: Scene} on the toy world, else empty
+
+    def collect(self, *args, **kwargs):
+        """Returns (Rollout, seconds per phase): rollout.collect."""
+        return rollout_lib.collect(*args, **kwargs)
+
+    def logs(self, rollout):
+        """Returns (the step's scalars, the per-group toy truths or [])."""
+        truths = [toy_truth(self.scenes[image_id], rollout, g) for g, image_id in enumerate(rollout.ids)
+                  if self.scenes]
+        return {**rollout_metrics(rollout), **(truth_metrics(truths, rollout.rewards) if truths else {})}, truths
+
+    def sample_rows(self, step, rollout, truths):
+        """Returns the step's rows for <workdir>/rl_samples.jsonl."""
+        return sample_rows(step, rollout, truths)
+
+
+def reward_source(config, records):
+    """Returns what collects, scores and logs the Policy's captions, per config.rl.reward: the
+    rubric reward (RubricSource) or ACE-Cap's G2P reward (mocojax.train.g2p.G2PSource)."""
+    if config.rl.reward == "g2p":
+        from mocojax.train import g2p
+        return g2p.G2PSource(config, records)
+    return RubricSource({r["id"]: r["scene"] for r in records if "scene" in r})
 
 
 def rl_records(config):
@@ -370,14 +413,16 @@ def run_rl(config, workdir):
     cfg, processor = sharding.model_config(setup.model_config, mesh), setup.processor
     records = rl_records(config)
     scenes = {r["id"]: r["scene"] for r in records if "scene" in r}
+    source = reward_source(config, records)
     optimizer = rl_optimizer(config)
     exact_roles = [role for role in ("generator", "judge") if rl[role] == "exact"]
     if exact_roles and config.data.source != "toyworld":
         raise ValueError(f"config.rl.{exact_roles[0]}='exact': exact roles exist for the toy world only")
     exact = toyroles.ExactRoles(scenes) if exact_roles else None
-    # An exact role needs no parameters: it keeps no copy ("policy" keeps none).
-    role_momentum = momentum.RoleMomentum(*("policy" if rl[role] == "exact" else rl[role]
-                                            for role in ("generator", "judge")))
+    # An exact role, or one the reward does not use, needs no parameters: it keeps no copy
+    # ("policy" keeps none).
+    role_momentum = momentum.RoleMomentum(*("policy" if rl[role] == "exact" or role not in source.roles
+                                            else rl[role] for role in ("generator", "judge")))
     schedule = momentum_schedule(rl)
     data_iter = iter(pipeline.rl_dataset(records, global_batch_size=rl.images_per_step,
                                          seed=config.data.seed + 1,
@@ -416,7 +461,7 @@ def run_rl(config, workdir):
     writer = metrics_lib.MetricWriter(workdir, "rl", total_steps=rl.num_steps, initial_step=start)
     guard = state_lib.SkipGuard(rl.max_skipped_steps, "rl", "rl.max_skipped_steps")
     is_toy = config.data.source == "toyworld"
-    if is_toy and start == 0 and rl.judge != "exact":
+    if is_toy and start == 0 and rl.judge != "exact" and rl.reward == "rubric":
         judge_params = role_momentum.params_for("judge", state["momentum"], state["params"])
         gate = judge_gate(config, setup, judge_params, cfg)
         writer.write(0, {**gate, **(_evaluate(config, setup, state["params"], cfg) if rl.eval_every else {})})
@@ -431,7 +476,7 @@ def run_rl(config, workdir):
         t0 = time.perf_counter()
         group = next(data_iter)
         copies = state.pop("momentum")
-        rollout, seconds = rollout_lib.collect(
+        rollout, seconds = source.collect(
             cfg, state["params"], role_momentum.params_for("generator", copies, state["params"]),
             role_momentum.params_for("judge", copies, state["params"]), processor, group, rl,
             seed=config.seed, step=step, rng=jax.random.fold_in(state["rng"], step), exact=exact)
@@ -450,11 +495,8 @@ def run_rl(config, workdir):
         state["momentum"] = copies
         seconds["sync"] = time.perf_counter() - t2
         skipped += int(step_metrics["no_signal_skipped"])
-        truths = ([toy_truth(scenes[image_id], rollout, g)
-                   for g, image_id in enumerate(rollout.ids)] if is_toy else [])
-        last = {**rollout_metrics(rollout), **step_metrics,
-                **{k: float(v) for k, v in diagnostics.items()},
-                **(truth_metrics(truths, rollout.rewards) if truths else {}),
+        source_metrics, truths = source.logs(rollout)
+        last = {**source_metrics, **step_metrics, **{k: float(v) for k, v in diagnostics.items()},
                 **{f"time/{k}_s": v for k, v in seconds.items()},
                 "time/step_s": time.perf_counter() - t0, "no_signal_skipped_total": skipped,
                 "lr": float(state_lib.learning_rate_schedule(
@@ -465,7 +507,7 @@ def run_rl(config, workdir):
         guard.update(int(step_metrics["skipped"]), step, cleanup=(manager.close, writer.close))
         if step % rl.log_samples_every == 0 and jax.process_index() == 0:
             with open(samples_path, "a") as f:
-                for row in sample_rows(step, rollout, truths):
+                for row in source.sample_rows(step, rollout, truths):
                     f.write(json.dumps(row) + "\n")
         if step % rl.checkpoint_every == 0 or step == rl.num_steps:
             manager.save(step, state, {"data": data_iter.get_state(), "no_signal_skipped": skipped})

@@ -13,6 +13,9 @@ AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
 # ceiling of what the rubric reward can give the Policy (toyroles.ExactRoles).
 ROLE_SOURCES = ("ema", "frozen", "policy", "exact")
 MOMENTUM_SCHEDULES = ("constant", "byol_cosine")
+# What scores the Policy's captions: "rubric" (online rubrics, the method) or "g2p" (ACE-Cap's
+# Gold-MCQ reward from a text-only MCQ judge; mocojax.train.g2p, docs/acecap.md).
+REWARDS = ("rubric", "g2p")
 
 
 def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
@@ -42,6 +45,7 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.momentum = 0.99  # m; 1: frozen roles, 0: copy (H = 1) or periodic copy (H > 1)
     rl.sync_every = 1  # H
     rl.momentum_schedule = "constant"  # or "byol_cosine": m -> 1 by a half cosine over the run
+    rl.reward = "rubric"  # or "g2p": Gold-MCQ judged by rl.judge ("exact": the toy oracle); no Generator
     rl.generator = "ema"  # which params play the Generator: "ema" | "frozen" | "policy" | "exact" (toy)
     rl.judge = "ema"
     rl.roles_init = ""  # empty: roles start from the Policy's init (shared); else a workdir
@@ -144,6 +148,8 @@ def validate(rl) -> None:
     for key in ("generator", "judge"):
         if rl[key] not in ROLE_SOURCES:
             _fail(key, rl[key], f"must be one of {ROLE_SOURCES}")
+    if rl.reward not in REWARDS:
+        _fail("reward", rl.reward, f"must be one of {REWARDS}")
     if rl.aggregation not in AGGREGATIONS:
         _fail("aggregation", rl.aggregation, f"must be one of {AGGREGATIONS}")
     if not isinstance(rl.judge_gate_refuse, bool):

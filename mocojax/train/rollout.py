@@ -26,8 +26,9 @@ from mocojax import distributed, roles, sampling
 
 
 @dataclasses.dataclass
-class Rollout:
-    """The rollouts of one Policy update (host arrays). G groups of N captions, T new tokens."""
+class PolicySamples:
+    """The Policy's captions of one update and their rewards (host arrays), whatever scored them:
+    G groups of N captions, T new tokens. `rl.train_batch` needs only these fields and properties."""
 
     ids: list  # [G] image ids
     prompt: dict  # Processor output of the G Policy prompts (left padded to one length)
@@ -35,14 +36,7 @@ class Rollout:
     logprobs: np.ndarray  # [G*N, T] behaviour log-probabilities (unscaled softmax)
     lengths: np.ndarray  # [G*N] generated tokens per row, EOS included
     captions: list  # [G][N] caption text
-    subsets: np.ndarray  # [G, M] indices of the captions shown to the Generator
-    rubric_texts: list  # [G] raw Generator output
-    rubrics: list  # [G] list[RubricItem] (empty when nothing parsed)
-    generator_problems: list  # [G] list of parser problems
-    decisions: list  # [G][N] list[int] (one 0/1 per rubric item; [] when no rubric)
-    judge_problems: np.ndarray  # [G, N] number of parser problems per judged caption
-    rewards: np.ndarray  # [G, N] float32 in [0, 1]
-    rubric_ok: np.ndarray  # [G] bool: the rubric has at least one item
+    rewards: np.ndarray  # [G, N] float32
 
     @property
     def zero_variance(self) -> np.ndarray:
@@ -51,13 +45,31 @@ class Rollout:
 
     @property
     def has_signal(self) -> np.ndarray:
-        """Returns bool [G]: groups that give a gradient (rubric parsed, rewards not all equal)."""
-        return self.rubric_ok & ~self.zero_variance
+        """Returns bool [G]: groups that give a gradient (rewards not all equal)."""
+        return ~self.zero_variance
 
     @property
     def completion_mask(self) -> np.ndarray:
         """Returns int32 [G*N, T]: 1 on generated tokens (EOS included), 0 on padding."""
         return (np.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]).astype(np.int32)
+
+
+@dataclasses.dataclass
+class Rollout(PolicySamples):
+    """The rubric reward's rollouts of one Policy update; rewards in [0, 1]."""
+
+    subsets: np.ndarray  # [G, M] indices of the captions shown to the Generator
+    rubric_texts: list  # [G] raw Generator output
+    rubrics: list  # [G] list[RubricItem] (empty when nothing parsed)
+    generator_problems: list  # [G] list of parser problems
+    decisions: list  # [G][N] list[int] (one 0/1 per rubric item; [] when no rubric)
+    judge_problems: np.ndarray  # [G, N] number of parser problems per judged caption
+    rubric_ok: np.ndarray  # [G] bool: the rubric has at least one item
+
+    @property
+    def has_signal(self) -> np.ndarray:
+        """Returns bool [G]: groups that give a gradient (rubric parsed, rewards not all equal)."""
+        return self.rubric_ok & ~self.zero_variance
 
 
 def decode_texts(tokenizer, tokens, lengths, eos_token_ids):
@@ -89,6 +101,14 @@ def sample_policy(cfg, params, processor, images, rl, rng):
                            top_p=rl.top_p, top_k=rl.top_k, rng=rng)
     return (batch, np.asarray(out.tokens), np.asarray(out.logprobs, np.float32),
             np.asarray(out.lengths))
+
+
+def policy_captions(cfg, params, processor, images, rl, rng):
+    """Returns (prompt batch, tokens [G*N, T], logprobs [G*N, T], lengths [G*N], captions [G][N])."""
+    prompt, tokens, logprobs, lengths = sample_policy(cfg, params, processor, images, rl, rng)
+    texts = decode_texts(processor.tokenizer, tokens, lengths, processor.eos_token_ids)
+    n = rl.num_samples
+    return prompt, tokens, logprobs, lengths, [texts[g * n:(g + 1) * n] for g in range(len(images))]
 
 
 def write_rubrics(cfg, params, processor, images, references, subsets_text, rl, rng):
@@ -139,6 +159,23 @@ def split_shared_prefix(input_ids, attention_mask, group_size):
     return (*pad(prefixes, left=True), *pad(continuations, left=False))
 
 
+def judge_texts(cfg, params, processor, conversations, n, rl, rng):
+    """Returns the text-only Judge's replies to conversations [G*n], n per group in a row.
+
+    The n prompts of a group share their leading tokens (instruction + rubric or questions; the
+    caption comes last), which are encoded once and their KV cache shared by the n captions.
+    """
+    batch = processor(conversations, mode="generate")
+    prefix_ids, prefix_mask, tails, tail_mask = split_shared_prefix(
+        batch["input_ids"], batch["attention_mask"], n)
+    out = sampling.generate_with_shared_prefix(
+        cfg, params, prefix_ids, prefix_mask, continuations=tails, continuation_mask=tail_mask,
+        max_new_tokens=rl.judge_max_new_tokens, num_samples=n, temperature=rl.judge_temperature,
+        eos_token_ids=processor.eos_token_ids, pad_id=processor.pad_token_id, rng=rng)
+    out = distributed.fetch(out)
+    return decode_texts(processor.tokenizer, out.tokens, out.lengths, processor.eos_token_ids)
+
+
 def judge_captions(cfg, params, processor, rubrics, captions, rl, rng):
     """Returns (decisions [G][N] lists of 0/1, problem counts [G, N]) of the Judge.
 
@@ -151,16 +188,8 @@ def judge_captions(cfg, params, processor, rubrics, captions, rl, rng):
     judged = [g for g in range(num_groups) if rubrics[g]]
     if not judged:
         return decisions, problems
-    batch = processor([roles.judge_messages(rubrics[g], caption)
-                       for g in judged for caption in captions[g]], mode="generate")
-    prefix_ids, prefix_mask, tails, tail_mask = split_shared_prefix(
-        batch["input_ids"], batch["attention_mask"], n)
-    out = sampling.generate_with_shared_prefix(
-        cfg, params, prefix_ids, prefix_mask, continuations=tails, continuation_mask=tail_mask,
-        max_new_tokens=rl.judge_max_new_tokens, num_samples=n, temperature=rl.judge_temperature,
-        eos_token_ids=processor.eos_token_ids, pad_id=processor.pad_token_id, rng=rng)
-    out = distributed.fetch(out)
-    texts = decode_texts(processor.tokenizer, out.tokens, out.lengths, processor.eos_token_ids)
+    texts = judge_texts(cfg, params, processor, [roles.judge_messages(rubrics[g], caption)
+                                                  for g in judged for caption in captions[g]], n, rl, rng)
     for row, text in enumerate(texts):
         g, i = judged[row // n], row % n
         values, found = roles.parse_decisions(text, len(rubrics[g]))
@@ -193,13 +222,11 @@ def collect(cfg, policy_params, generator_params, judge_params, processor, group
     """
     images = [example["image"] for example in group]
     seconds = {}
-    timer = functools.partial(_timed, seconds)
+    timer = functools.partial(timed, seconds)
     with timer("policy_sampling"):
-        prompt, tokens, logprobs, lengths = sample_policy(cfg, policy_params, processor, images,
-                                                          rl, rng)
-    texts = decode_texts(processor.tokenizer, tokens, lengths, processor.eos_token_ids)
+        prompt, tokens, logprobs, lengths, captions = policy_captions(cfg, policy_params, processor,
+                                                                      images, rl, rng)
     n = rl.num_samples
-    captions = [texts[g * n:(g + 1) * n] for g in range(len(group))]
     subsets = choose_subsets(seed, step, len(group), n, rl.subset_size)
     shown = [[captions[g][i] for i in subsets[g]] for g in range(len(group))]
     with timer("rubric_generation"):
@@ -228,7 +255,7 @@ def collect(cfg, policy_params, generator_params, judge_params, processor, group
 
 
 @contextlib.contextmanager
-def _timed(seconds, name):
+def timed(seconds, name):
     """Adds the wall seconds of the with-block to seconds[name]."""
     start = time.perf_counter()
     yield
