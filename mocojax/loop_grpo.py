@@ -109,6 +109,25 @@ def loop_advantages(u_question, asked, u_stop, stopped, u_final, eps_norm):
             normalise_within_type(u_final, jnp.ones(jnp.shape(u_final), bool), eps_norm))
 
 
+def group_advantages(r_initial, r_evidence, r_leave_one_out, r_final, asked, stopped, loop):
+    """Returns (A^Q [G, K], A^S [G], A^F [G]) of one image's G rollouts from their G2P rewards and
+    the `loop_defaults` block: the utilities above with loop.c_q, c_s, lam, normalised per type
+    with loop.eps_norm. asked bool [G, K] must be a prefix of each row (questions are asked in
+    order), K = loop.max_questions; a rollout that asked K questions was finalised by force and
+    cannot have stopped. Raises ValueError on inconsistent inputs."""
+    asked, stopped = np.asarray(asked, bool), np.asarray(stopped, bool)
+    if asked.ndim != 2 or asked.shape[1] != loop.max_questions:
+        raise ValueError(f"asked {asked.shape} must be [G, K] with K = loop.max_questions = {loop.max_questions}")
+    num_questions = asked.sum(-1)
+    if (asked != (np.arange(asked.shape[1]) < num_questions[:, None])).any():
+        raise ValueError("asked must mark the first T_g questions of each rollout")
+    if (stopped & (num_questions == loop.max_questions)).any():
+        raise ValueError("a rollout that asked K questions was finalised by force: it has no stop action")
+    base = base_utilities(r_final, r_evidence, r_initial, loop.lam)
+    return loop_advantages(question_utilities(r_evidence, r_leave_one_out, asked, loop.c_q), asked,
+                           stop_utilities(base, num_questions, loop.c_s), stopped, base, loop.eps_norm)
+
+
 def token_advantages(span_kind, span_index, adv_question, adv_stop, adv_final, stopped):
     """Returns (A^tok float32 [B, L], loss mask float32 [B, L]) of flattened Composer rollouts.
 

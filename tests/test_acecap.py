@@ -141,6 +141,25 @@ def test_loop_advantages_normalise_each_action_type_and_skip_forced_stops():
     assert np.asarray(a_q).tolist() == [[0.0, 0.0]] and np.asarray(a_s).tolist() == [0.0, 0.0]
 
 
+def test_group_advantages_from_rewards_and_config_by_hand():
+    loop = loop_grpo.loop_defaults()
+    loop.lam, loop.max_questions = 0.5, 2
+    asked, stopped = [[True, True], [True, False], [False, False]], [False, True, True]
+    a_q, a_s, a_f = loop_grpo.group_advantages([0.0, 0.0, 0.2], [0.5, 0.3, 0.2], [[0.25, 0.5], [0.0, 9.0], [9.0, 9.0]],
+                                               [0.4, 0.3, 0.4], asked, stopped, loop)
+    # The same rollouts as above: c_q 0.02, c_s 0.01 and lambda 0.5 from the config.
+    np.testing.assert_allclose(a_q, [[0.507997, -1.396991], [0.888994, 0.0], [0.0, 0.0]], atol=1e-5)
+    np.testing.assert_allclose(a_s, [0.0, 0.999992, -0.999992], atol=1e-5)
+    np.testing.assert_allclose(a_f, [1.111161, 0.202029, -1.313190], atol=1e-5)
+    args = ([0.0] * 3, [0.5] * 3, [[0.0, 0.0]] * 3, [0.4] * 3)
+    with pytest.raises(ValueError, match="finalised by force"):
+        loop_grpo.group_advantages(*args, asked, [True, True, True], loop)
+    with pytest.raises(ValueError, match="first T_g questions"):
+        loop_grpo.group_advantages(*args, [[False, True], [True, False], [False, False]], stopped, loop)
+    with pytest.raises(ValueError, match="K = loop.max_questions = 2"):
+        loop_grpo.group_advantages(*args, [[True], [True], [False]], stopped, loop)
+
+
 def test_span_layout_and_token_advantages():
     n, q, s, f = loop_grpo.SPAN_NONE, loop_grpo.SPAN_QUESTION, loop_grpo.SPAN_STOP, loop_grpo.SPAN_FINAL
     # prompt+c_0, question 0, its answer, question 1, its answer, READY, scheduler, final caption.
