@@ -45,7 +45,7 @@ MCQ_INSTRUCTION = (
 # A bare choice: "B", "(b)", "B.", "B)", "Option B", "Answer: B".
 _BARE = re.compile(r"(?:(?:option|answer|choice)\s*:?\s*)?\(?([a-e])\)?[.):]?", re.I)
 # A letter with its option text after it: "B. red", "(B) red", "B) red", "B: red".
-_WITH_TEXT = re.compile(r"(?:(?:option|answer|choice)\s*:?\s*)?\(?([A-E])\)?[.):]?\s+(.+)")
+_WITH_TEXT = re.compile(r"(?:(?i:option|answer|choice)\s*:?\s*)?\(?([A-E])\)?[.):]?\s+(.+)")
 
 
 class MCQItem(NamedTuple):
@@ -99,7 +99,9 @@ def parse_choice(raw, item):
 
     Read in order: a bare letter ("B", "(b)", "Option B"); a capital letter followed by its own
     option text ("B. red"); a Not-Given phrase (E); the text of exactly one option ("red", or
-    "big" for "large" on toy items). A letter the item does not offer is unreadable. Never raises.
+    "big" for "large" on toy items), so "C. red" with red at B reads as B (a letter followed by
+    another option's text is read by the text). A letter the item does not offer is unreadable.
+    Never raises.
     """
     if not isinstance(raw, str):
         return None

@@ -61,7 +61,8 @@ def test_item_format_lists_not_given_last():
 
 @pytest.mark.parametrize("raw, item, letter", [
     ("B", COLOUR_ITEM, "B"), ("(c)", COLOUR_ITEM, "C"), ("Option D", COLOUR_ITEM, "D"), ("answer: a", COLOUR_ITEM, "A"),
-    ("B. red", COLOUR_ITEM, "B"), ("(B) red", COLOUR_ITEM, "B"),
+    ("B. red", COLOUR_ITEM, "B"), ("(B) red", COLOUR_ITEM, "B"), ("Option B: red", COLOUR_ITEM, "B"),
+    ("C. red", COLOUR_ITEM, "B"),  # letter and text disagree: the text decides
     ("red", COLOUR_ITEM, "B"), ("It is blue.", COLOUR_ITEM, "C"),  # an option's text
     ("E", COLOUR_ITEM, "E"), ("Not Given", COLOUR_ITEM, "E"), ("not stated", COLOUR_ITEM, "E"), ("E. Not Given", COLOUR_ITEM, "E"),
     ("big", SIZE_ITEM, "A"),  # the toy world's synonym of an option
