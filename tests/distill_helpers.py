@@ -11,14 +11,13 @@ import re
 import threading
 import time
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from mocojax import roles
 from mocojax.data import distill
-from serving_helpers import free_port
+from serving_helpers import app_in_thread
 
 BAD_TEXT = "Sure! Here is what I think about the image, in prose and without any format."  # a bad rubric / decisions
 # A bad caption is an empty one (prose is a caption).
@@ -103,16 +102,5 @@ def scripted_teacher(bad=None, status=None, delay_s=0.0):
         return JSONResponse({"object": "chat.completion", "model": body.get("model"), "choices": choices})
 
     app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "scripted teacher did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}/v1", received
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with app_in_thread(app) as base:
+        yield f"{base}/v1", received

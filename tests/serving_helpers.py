@@ -1,5 +1,6 @@
-"""Helpers shared by tests/test_serve.py and tests/test_endpoint.py: a tiny random HF checkpoint
-with the toy tokenizer, a free port, and `mocojax.serve` in a subprocess."""
+"""Helpers shared by tests/test_serve.py, tests/test_endpoint.py and the distill tests: a tiny random HF
+checkpoint with the toy tokenizer, a free port, `mocojax.serve` in a subprocess, and an ASGI app
+served by uvicorn in a thread."""
 
 import base64
 import contextlib
@@ -8,9 +9,11 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
+import uvicorn
 from PIL import Image
 
 from mocojax import hf, model, processing
@@ -75,3 +78,21 @@ def served(model_dir, *extra, startup_s=240):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def app_in_thread(app):
+    """Serves an ASGI app (uvicorn in a daemon thread) on a free port; yields http://127.0.0.1:PORT."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the test server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -24,13 +24,13 @@ FAST = dict(backoff_s=0.01, max_backoff_s=0.05, progress=False, max_retries=1)
 SIZES = [(97, 61), (45, 123), (200, 150), (33, 77), (64, 64), (120, 35)]
 
 
-def write_images(folder, count=len(SIZES)):
+def write_images(folder, count=len(SIZES), sizes=SIZES):
     """Writes `count` textured JPEG/PNG files of odd sizes and their records JSONL; returns its path."""
     rng = np.random.default_rng(0)
     os.makedirs(os.path.join(folder, "img"), exist_ok=True)
     with open(os.path.join(folder, "images.jsonl"), "w") as f:
         for k in range(count):
-            w, h = SIZES[k % len(SIZES)]
+            w, h = sizes[k % len(sizes)]
             pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
             name = f"img/{k:03d}.{'jpg' if k % 2 == 0 else 'png'}"
             Image.fromarray(pixels).save(os.path.join(folder, name))

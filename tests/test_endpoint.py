@@ -4,18 +4,16 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
-import uvicorn
 from PIL import Image
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from mocojax import endpoint
-from serving_helpers import free_port, served, tiny_hf_dir
+from serving_helpers import app_in_thread, free_port, served, tiny_hf_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = dict(backoff_s=0.01, max_backoff_s=0.05, progress=False)
@@ -122,19 +120,8 @@ def faulty():
 
     app = Starlette(routes=[route("flaky", flaky), route("ratelimited", ratelimited), route("slow", slow),
                             route("malformed", malformed), route("forbidden", forbidden)])
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "fault server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", hits
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with app_in_thread(app) as base:
+        yield base, hits
 
 
 BODY = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0}
