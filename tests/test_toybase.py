@@ -174,6 +174,10 @@ def test_judge_confusion_and_balanced_accuracy_by_hand():
     mixed = toyroles.judge_confusion(rubric, caption, [0, 0, 1, 0])
     assert mixed == dict(tp=0, fn=1, tn=1, fp=1, unreadable=1)
     assert toyroles.balanced_accuracy(mixed) == 0.25
+    zero = dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
+    assert toyroles.judge_confusion(rubric, caption, [0, 0, 1, 0], by_kind=True) == {
+        "present": dict(zero, fn=1), "absent": dict(zero, tn=1), "background": dict(zero, fp=1),
+        "unreadable": dict(zero, unreadable=1)}
 
 
 def test_within_group_corr_by_hand():

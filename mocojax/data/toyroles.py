@@ -157,23 +157,28 @@ def judge_accuracy(rubric_items, caption, decisions):
     return right / len(scored), len(facts) - len(scored)
 
 
-def judge_confusion(rubric_items, caption, decisions):
+def judge_confusion(rubric_items, caption, decisions, by_kind=False):
     """Returns counts {"tp", "fn", "tn", "fp", "unreadable"} of a Judge's decisions on one caption.
 
     Positive = the caption truly meets the item. With these, `balanced_accuracy` is the mean
     of the true-positive and true-negative rates, which an always-"1" Judge scores 0.5 on.
+    by_kind=True: {fact kind (present / absent / attribute / background, "unreadable"): counts}.
     """
     mentions, background = tw.parse_caption(caption)
-    counts = dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
+    counts = {}
     for item, decision in zip(rubric_items, decisions):
         fact = parse_criterion(item.criterion)
+        kind = "unreadable" if fact is None else fact.kind
+        bucket = counts.setdefault(kind if by_kind else "all", dict(tp=0, fn=0, tn=0, fp=0, unreadable=0))
         if fact is None:
-            counts["unreadable"] += 1
+            bucket["unreadable"] += 1
             continue
         truth = judge_fact(fact, mentions, background).value
         said = int(getattr(decision, "value", decision))
-        counts[("t" if said == truth else "f") + ("p" if said else "n")] += 1
-    return counts
+        bucket[("t" if said == truth else "f") + ("p" if said else "n")] += 1
+    if by_kind:
+        return counts
+    return counts.get("all", dict(tp=0, fn=0, tn=0, fp=0, unreadable=0))
 
 
 def balanced_accuracy(counts):

@@ -62,7 +62,7 @@ def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max
     for k, e in enumerate(generator_examples):
         other_items, _ = roles.parse_rubric(generator_examples[(k + 1) % len(generator_examples)]["target"])
         truth_other.append(toyroles.rubric_truth_rate(scenes[e["scene_id"]], other_items)[0])
-    confusion, accuracy, always_1 = _judge_scores(by_role["judge"], outputs["judge"])
+    confusion, accuracy, always_1, by_kind = _judge_scores(by_role["judge"], outputs["judge"])
     said = confusion["tp"] + confusion["fp"]
     decided = said + confusion["tn"] + confusion["fn"]
     result = {
@@ -82,6 +82,10 @@ def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max
         "judge/balanced_accuracy": float(toyroles.balanced_accuracy(confusion)),
         "judge/said_1_rate": float(said / max(decided, 1)),
         "judge/true_1_rate": float((confusion["tp"] + confusion["fn"]) / max(decided, 1)),
+        # Per item kind (present / absent / attribute / background): which lookups the Judge has.
+        **{f"judge/balanced_accuracy_{kind}": float(toyroles.balanced_accuracy(counts))
+           for kind, counts in sorted(by_kind.items()) if kind != "unreadable"},
+        **{f"judge/items_{kind}": int(sum(counts.values())) for kind, counts in sorted(by_kind.items())},
         "num_scenes": num_scenes,
         "examples": {role: [{"prompt_id": e["id"], "output": text}
                             for e, text in zip(by_role[role][:3], outputs[role][:3])]
@@ -91,18 +95,20 @@ def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max
 
 
 def _judge_scores(examples, outputs):
-    """Returns (pooled confusion counts, per-record accuracy, per-record always-"1" accuracy) of
-    Judge outputs on Judge records, against the exact truth."""
+    """Returns (pooled confusion counts, per-record accuracy, per-record always-"1" accuracy,
+    confusion counts per item kind) of Judge outputs on Judge records, against the exact truth."""
     confusion = dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
-    accuracy, always_1 = [], []
+    accuracy, always_1, by_kind = [], [], {}
     for e, text in zip(examples, outputs):
         rubric = [roles.RubricItem(*item) for item in e["rubric"]]
         decisions, _ = roles.parse_decisions(text, len(rubric))
         accuracy.append(toyroles.judge_accuracy(rubric, e["caption"], decisions)[0])
         always_1.append(toyroles.judge_accuracy(rubric, e["caption"], [1] * len(rubric))[0])
-        for key, count in toyroles.judge_confusion(rubric, e["caption"], decisions).items():
-            confusion[key] += count
-    return confusion, accuracy, always_1
+        for kind, counts in toyroles.judge_confusion(rubric, e["caption"], decisions, by_kind=True).items():
+            for key, count in counts.items():
+                confusion[key] += count
+                by_kind.setdefault(kind, dict.fromkeys(counts, 0))[key] += count
+    return confusion, accuracy, always_1, by_kind
 
 
 def judge_gate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max_new_tokens):
@@ -111,7 +117,7 @@ def judge_gate(cfg, params, processor, *, seed, start, num_scenes, batch_size, m
     examples = [r for s in tw.make_scenes(seed, num_scenes, start)
                 for r in toyroles.scene_sft_records(s, seed, (0, 0, 2))]
     outputs = generate_texts(cfg, params, processor, examples, batch_size, max_new_tokens, image_size=0)
-    confusion, _, always_1 = _judge_scores(examples, outputs)
+    confusion, _, always_1, _ = _judge_scores(examples, outputs)
     decided = sum(confusion[k] for k in ("tp", "fn", "tn", "fp"))
     return {"balanced_accuracy": float(toyroles.balanced_accuracy(confusion)),
             "accuracy": (confusion["tp"] + confusion["tn"]) / max(decided, 1),
