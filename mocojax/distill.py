@@ -67,6 +67,8 @@ _OPTION_FLAGS = {
     "max_rubric_items": flags.DEFINE_integer("max_rubric_items", _DEFAULTS.max_rubric_items, "Rubric items kept."),
     "seed": flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of sampled requests."),
     "chunk_size": flags.DEFINE_integer("chunk_size", _DEFAULTS.chunk_size, "Images in flight together."),
+    "image_max_pixels": flags.DEFINE_integer("image_max_pixels", _DEFAULTS.image_max_pixels,
+                                             "Images with more pixels are sent downscaled."),
 }
 
 

@@ -2,6 +2,8 @@
 HTTP server): checks with the role parsers, re-asks and drops, request errors, the committee mode,
 resume after kill -9 and repair of torn files. tests/test_real_format.py runs it on mocojax.serve."""
 
+import base64
+import io
 import json
 import os
 import signal
@@ -134,13 +136,23 @@ def test_a_refused_rubric_request_is_an_error_not_a_reask(tmp_path):
     folder = str(tmp_path)
     write_images(folder, 2)
     with scripted_teacher(status=lambda kind, body: 413 if kind == "generator" else None) as (url, received):
-        out, summary = _run(folder, url, distill.Options(num_candidates=2, chunk_size=2))
+        out, summary = _run(folder, url, distill.Options(num_candidates=2, chunk_size=2, image_max_pixels=5700))
+    # The 45x123 image (5,535 pixels) went out whole, the 97x61 one (5,917) downscaled to 5,700 at most.
+    sent = {Image.open(io.BytesIO(base64.b64decode(_image_url(body).split(",", 1)[1]))).size
+            for _, body in received if _image_url(body)}
+    assert sent == {(45, 123), (95, 59)}
     assert summary["parts"]["generator"] == {"asked": 2, "bad": 0, "dropped": 0, "errors": 2}
     assert sum(kind == "generator" for kind, _ in received) == 2
     records, _ = records_lib.load_jsonl(out, strict=True)
     assert all("rubric" not in r and len(r["policy_targets"]) == 1 for r in records)
     entry = _lines(distill.ledger_path(out))[1]
     assert "HTTP 413: scripted 413 for generator" in entry["errors"][0]
+
+
+def _image_url(body):
+    content = body["messages"][-1]["content"]
+    return next((p["image_url"]["url"] for p in content if p["type"] == "image_url"), "") if isinstance(content, list) \
+        else ""
 
 
 def test_a_failing_endpoint_stops_the_run_with_whole_images_written(tmp_path):
@@ -230,8 +242,9 @@ def test_resume_after_kill_9_loses_and_duplicates_nothing(tmp_path):
     assert sorted(ids) == [f"im{k}" for k in range(5)] and len(ids) == len(set(ids))
     ref = {r["id"]: r for r in _lines(os.path.join(images, "sft.jsonl"))}
     assert {r["id"]: r for r in _lines(os.path.join(folder, "sft.jsonl"))} == ref
-    # The rerun re-sent at most the one request in flight at the kill (its reply was not cached yet).
-    assert before_kill <= len(received) <= uninterrupted + 1
+    # The rerun re-sent at most the requests in flight at the kill (replies not cached yet): a phase of
+    # one image asks at most 2 at a time here (caption + candidates, or 2 judgements).
+    assert before_kill <= len(received) <= uninterrupted + 2
     assert "images: 5 written" in again.stdout
 
 

@@ -47,6 +47,7 @@ import logging
 import math
 import os
 
+from PIL import Image
 from tqdm import tqdm
 
 from mocojax import endpoint, processing, roles
@@ -60,7 +61,7 @@ REQUEST_ERRORS = (400, 413, 422)
 _RECORD_OPTIONS = ("num_policy", "keep_references", "num_candidates", "num_judged", "max_asks", "policy_max_tokens",
                    "candidate_max_tokens", "rubric_max_tokens", "judge_max_tokens", "temperature",
                    "sample_temperature", "student_temperature", "keep_truncated", "rubric_mode", "committee_size",
-                   "max_rubric_items", "seed")
+                   "max_rubric_items", "seed", "image_max_pixels")
 
 CONSENSUS_INSTRUCTION = (
     "Here are {k} captions of this image by different describers. List the facts about the image "
@@ -100,11 +101,14 @@ class Options:
     max_rubric_items: int = 20
     seed: int = 0
     chunk_size: int = 32  # images whose requests are in flight together
+    # Larger images are sent downscaled (aspect kept): a photo as a PNG data URL must stay under the
+    # endpoints' body limits (mocojax.serve: 32 MB; hosted APIs about 20 MB).
+    image_max_pixels: int = 1600 * 1600
 
     def check(self):
         """Raises ValueError naming the first bad option."""
         positive = ("num_candidates", "max_asks", "policy_max_tokens", "candidate_max_tokens", "rubric_max_tokens",
-                    "judge_max_tokens", "committee_size", "max_rubric_items", "chunk_size")
+                    "judge_max_tokens", "committee_size", "max_rubric_items", "chunk_size", "image_max_pixels")
         for key in positive:
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)!r}: must be an int >= 1")
@@ -399,12 +403,22 @@ def _rubric_jobs(images, candidates, teachers, options):
     return jobs
 
 
+def fit_image(image, max_pixels):
+    """Returns the PIL image, downscaled (aspect kept, bicubic) when it has more than max_pixels."""
+    if image.width * image.height <= max_pixels:
+        return image
+    scale = math.sqrt(max_pixels / (image.width * image.height))
+    return image.resize((max(1, int(image.width * scale)), max(1, int(image.height * scale))),
+                        Image.Resampling.BICUBIC)
+
+
 def distill_chunk(records, teachers, options, image_root):
     """Returns one ledger entry per record of a chunk (asks every part; raises DistillError)."""
     images = []
     for record in records:
         image = _Image(record)
-        image.image_url = endpoint.image_data_url(processing.load_image(record["image"]))
+        image.image_url = endpoint.image_data_url(fit_image(processing.load_image(record["image"]),
+                                                            options.image_max_pixels))
         images.append(image)
     # Policy captions and student candidates do not depend on each other: one round of asks.
     policy = {i.record["id"]: [
