@@ -259,3 +259,18 @@ def test_cli_refuses_bad_flags_and_unreachable_endpoints(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert down.returncode == 1 and "cannot reach the endpoint" in down.stderr and "rerun the same command" in down.stderr
     assert not os.path.exists(os.path.join(folder, "sft.jsonl")) or not open(os.path.join(folder, "sft.jsonl")).read()
+
+
+def test_policy_targets_replace_the_references_as_policy_targets(tmp_path):
+    Image.new("RGB", (50, 70)).save(tmp_path / "a.png")
+    base = {"id": "a", "image": "a.png", "references": ["ref one", "ref two"]}
+    rows = [{**base, "id": "given", "policy_targets": ["teacher caption"]}, {**base, "id": "none", "policy_targets": []},
+            {**base, "id": "absent"}, {**base, "id": "number", "policy_targets": 5},
+            {**base, "id": "blank", "policy_targets": ["  "]}]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records, report = records_lib.load_jsonl(str(tmp_path / "r.jsonl"))
+    assert dict(report.skipped) == {"missing_field": 1, "empty_caption": 1}
+    targets = {}
+    for example in records_lib.sft_examples(records):
+        targets.setdefault(example["id"].split("/")[0], []).append(example["target"])
+    assert targets == {"given": ["teacher caption"], "absent": ["ref one", "ref two"]}
