@@ -290,3 +290,21 @@ def test_shipped_base_is_what_the_default_config_loads():
              if isinstance(m["content"], str) or part.get("type") == "text"]
     for text in texts:
         assert tokenizer.unk_token_id not in tokenizer(text, add_special_tokens=False)["input_ids"], text
+
+
+def test_within_kind_balanced_accuracy_by_hand():
+    from mocojax.eval import toyworld_eval
+
+    zero = dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
+    by_kind = {"present": dict(zero, tp=3, fn=1, tn=2, fp=2),  # (0.75 + 0.5) / 2 = 0.625
+               "absent": dict(zero, tp=4),  # all met: no rate to balance, left out
+               "attribute": dict(zero, fn=2, tn=4),  # (0 + 1) / 2 = 0.5
+               "unreadable": dict(zero, unreadable=3)}
+    assert toyworld_eval.within_kind_balanced_accuracy(by_kind) == pytest.approx(0.5625)
+    # A Judge that says "1" to absent items and "0" to attribute items: pooled it looks good,
+    # within each kind it is chance.
+    prior = {"absent": dict(zero, tp=8, fp=2), "attribute": dict(zero, tn=8, fn=2)}
+    pooled = {k: prior["absent"][k] + prior["attribute"][k] for k in zero}
+    assert toyroles.balanced_accuracy(pooled) == pytest.approx(0.8)
+    assert toyworld_eval.within_kind_balanced_accuracy(prior) == 0.5
+    assert toyworld_eval.within_kind_balanced_accuracy({"unreadable": dict(zero, unreadable=1)}) == 0.5

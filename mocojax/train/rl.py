@@ -379,7 +379,7 @@ def _evaluate(config, setup, params, cfg):
 
 def judge_gate(config, setup, judge_params, cfg):
     """Scores the Judge that RL starts with on held-out RL-like toy captions; returns
-    {"gate/judge_balanced_accuracy", ...}. Below config.rl.judge_gate it warns loudly, or
+    {"gate/judge_balanced_accuracy_within_kind", ...}. Below config.rl.judge_gate it warns loudly, or
     raises when config.rl.judge_gate_refuse is set: a Judge that cannot tell a caption that
     meets an item from one that does not gives rewards without signal about quality."""
     from mocojax.eval import toyworld_eval
@@ -388,10 +388,12 @@ def judge_gate(config, setup, judge_params, cfg):
     gate = toyworld_eval.judge_gate(cfg, judge_params, setup.processor, seed=config.data.seed,
                                     start=config.data.num_train_scenes, num_scenes=rl.judge_gate_scenes,
                                     batch_size=config.eval.batch_size, max_new_tokens=rl.judge_max_new_tokens)
-    score = gate["balanced_accuracy"]
-    message = (f"the Judge's balanced accuracy on held-out RL-like captions is {score:.3f} "
-               f"(accuracy {gate['accuracy']:.3f}; an always-1 Judge: accuracy {gate['accuracy_always_1']:.3f}, "
-               f"balanced 0.5), threshold config.rl.judge_gate={rl.judge_gate}")
+    # Within each item kind: a Judge that only learned each kind's usual answer scores 0.5.
+    score = gate["balanced_accuracy_within_kind"]
+    message = (f"the Judge's balanced accuracy within item kinds on held-out RL-like captions is "
+               f"{score:.3f} (pooled {gate['balanced_accuracy']:.3f}, accuracy {gate['accuracy']:.3f}; "
+               f"an always-1 Judge: accuracy {gate['accuracy_always_1']:.3f}, balanced 0.5), "
+               f"threshold config.rl.judge_gate={rl.judge_gate}")
     if score < rl.judge_gate:
         if rl.judge_gate_refuse:
             raise RuntimeError(f"RL refused: {message}. Train the roles longer (config.sft.num_steps) "
