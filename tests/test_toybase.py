@@ -1,6 +1,7 @@
 """The toy base model's tasks, the RL-like role data, and the honest-metric helpers."""
 
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -119,6 +120,50 @@ def test_base_score_by_hand():
     caption = {"task": "caption", "scene": SCENE}
     # 2 of the scene's 13 facts stated, both right: P = 1, R = 2/13, F1 = 4/15.
     assert toybase.score(caption, "a red circle") == pytest.approx(4 / 15)
+    check = {"task": "check", "target": "1 | yes\n2 | no\n3 | no\n4 | yes"}
+    assert toybase.score(check, "1 | yes\n2 | no\n3 | no\n4 | yes") == 1.0
+    # Item 3 wrong, item 4 missing, a stray line and a repeated id ignored: 2 of 4 right.
+    assert toybase.score(check, "1 | yes\n2 | no\n2 | yes\n3 | yes\nfoo") == 0.5
+    assert toybase.check_answers("1 | Yes\n 2 |no\n3 | maybe\nx | yes") == {1: "yes", 2: "no"}
+
+
+def test_check_task_answers_colour_and_shape_together():
+    """Multi-item names questions: 3-6 distinct items, each answer exact for its caption, about
+    half "yes", most "no" items a named shape in another colour; adding the task to a mix
+    leaves every other task's records as they were (it is drawn last)."""
+    records = toybase.base_records(5, 300, task_mix={"check": 1})
+    answers, hard = [], 0
+    for record in records:
+        mentions, _ = tw.parse_caption(record["caption"])
+        named = {(m.colour, m.shape) for m in mentions}
+        head, items_text = record["prompt"].split(toybase.CHECK_PROMPT + "\n")
+        assert head == f"Caption: {record['caption']}\n"
+        items = [line.split(" | a ")[1].split() for line in items_text.splitlines()]
+        assert 3 <= len(items) <= 6 and len({tuple(i) for i in items}) == len(items)
+        truth = toybase.check_answers(record["target"])
+        assert list(truth) == list(range(1, len(items) + 1))
+        for j, (colour, shape) in enumerate(items, 1):
+            assert truth[j] == ("yes" if (colour, shape) in named else "no")
+            answers.append(truth[j])
+            hard += truth[j] == "no" and any(m.shape == shape for m in mentions)
+    assert 0.35 <= answers.count("yes") / len(answers) <= 0.6
+    assert hard / answers.count("no") > 0.4
+    plain = toybase.base_records(5, 20)
+    mixed = toybase.base_records(5, 20, task_mix=dict(toybase.DEFAULT_TASK_MIX, check=1))
+    assert [r for r in mixed if r["task"] != "check"] == plain
+    assert sum(r["task"] == "check" for r in mixed) == 20
+
+
+def test_toy_tokenizer_rebuilds_the_shipped_bases(tmp_path):
+    """A base rebuilt from scratch (configs/toybase.py builds its tokenizer) gets the shipped
+    base's token ids: the vocabulary corpus still holds every word the shipped one did."""
+    toyroles.build_tokenizer(str(tmp_path))
+    with open(tmp_path / "tokenizer.json") as f:
+        built = json.load(f)
+    with open(os.path.join(ROOT, "mocojax", "assets", "toybase", "tokenizer.json")) as f:
+        shipped = json.load(f)
+    assert built["model"]["vocab"] == shipped["model"]["vocab"]
+    assert built == shipped
 
 
 def test_weak_captions_are_weak_and_varied():

@@ -18,6 +18,9 @@ Text tasks (carried in the "judge" loss slot, no image; they teach reading a cap
   read      "Caption: ... List the objects it names."  -> canonical listing of the parse
   names     "Caption: ... Does it name a red circle?"  -> "yes" | "no"
   attr      "Caption: ... What colour is the circle?"  -> "red" | "not given" | "no circle"
+  check     "Caption: ... Does it name each item? ..." + "1 | a red circle" lines
+            -> "1 | yes" lines: names for 3-6 objects at once, numbered as rubric lines are;
+            half named, the rest mostly a named shape in another colour (off by default)
 
 Captions read by the text tasks mix references, the world's erroneous candidates and
 "blind" captions (random scenes' references), so reading is learned on wrong text too.
@@ -28,17 +31,20 @@ import numpy as np
 from mocojax.data import toyworld as tw
 
 IMAGE_TASKS = ("object", "grid", "cell", "find", "count", "caption")
-TEXT_TASKS = ("read", "names", "attr")
+TEXT_TASKS = ("read", "names", "attr", "check")
 TASKS = IMAGE_TASKS + TEXT_TASKS
-# Records per scene and task (a scene's image is rendered once per record).
+# Records per scene and task (a scene's image is rendered once per record). `check` is last
+# in TASKS and 0 here, so the shipped base's records are unchanged by its existence.
 DEFAULT_TASK_MIX = {"object": 2, "grid": 1, "cell": 2, "find": 1, "count": 0, "caption": 1,
-                    "read": 1, "names": 1, "attr": 1}
+                    "read": 1, "names": 1, "attr": 1, "check": 0}
 
 OBJECT_PROMPT = "What is in the picture?"
 GRID_PROMPT = "List the objects cell by cell."
 COUNT_PROMPT = "How many objects are there?"
 CAPTION_PROMPT = "Write a caption."
 READ_PROMPT = "List the objects it names."
+CHECK_PROMPT = "Does it name each item? One line per item."
+CHECK_ITEMS = (3, 6)  # items per check question, inclusive
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 
@@ -141,6 +147,8 @@ def _text_record(scene, task, k, caption, mentions, background, rng):
     if task == "read":
         return _record(scene, task, k, f"Caption: {caption}\n{READ_PROMPT}", read_listing(mentions, background),
                        caption)
+    if task == "check":
+        return _check_record(scene, k, caption, mentions, rng)
     if task == "names":
         if mentions and rng.random() < 0.5:
             m = mentions[int(rng.integers(len(mentions)))]
@@ -174,6 +182,37 @@ def _text_record(scene, task, k, caption, mentions, background, rng):
     return _record(scene, task, k, f"Caption: {caption}\n{question} the {noun}?", answer, caption)
 
 
+def _check_record(scene, k, caption, mentions, rng):
+    """A multi-item names question: 3-6 distinct (colour, shape) items in random order, half of
+    them (as far as the caption allows) named by it; an unnamed item is a named shape in another
+    colour when the caption allows (the answer then needs colour and shape together)."""
+    named_pairs = sorted({(m.colour, m.shape) for m in mentions if m.colour})
+    count = int(rng.integers(CHECK_ITEMS[0], CHECK_ITEMS[1] + 1))
+    num_named = min(len(named_pairs), (count + int(rng.integers(2))) // 2)
+    items = [named_pairs[int(i)] for i in rng.choice(len(named_pairs), num_named, replace=False)]
+    while len(items) < count:
+        shape = (mentions[int(rng.integers(len(mentions)))].shape if mentions and rng.random() < 0.7
+                 else tw.SHAPES[int(rng.integers(len(tw.SHAPES)))])
+        pair = (list(tw.COLOURS)[int(rng.integers(len(tw.COLOURS)))], shape)
+        if pair not in items and pair not in named_pairs:
+            items.append(pair)
+    items = [items[int(i)] for i in rng.permutation(count)]
+    lines = "\n".join(f"{j} | a {colour} {shape}" for j, (colour, shape) in enumerate(items, 1))
+    answers = "\n".join(f"{j} | {'yes' if (colour, shape) in named_pairs else 'no'}"
+                        for j, (colour, shape) in enumerate(items, 1))
+    return _record(scene, "check", k, f"Caption: {caption}\n{CHECK_PROMPT}\n{lines}", answers, caption)
+
+
+def check_answers(text):
+    """Returns {item number: "yes" | "no"} read from `check` answer lines ("2 | no")."""
+    answers = {}
+    for line in text.splitlines():
+        number, sep, answer = line.partition("|")
+        if sep and number.strip().isdigit() and answer.strip().lower() in ("yes", "no"):
+            answers.setdefault(int(number), answer.strip().lower())
+    return answers
+
+
 def parse_task_mix(text):
     """Returns {task: records per scene} from "names=3,attr=3,read=1" ("" : DEFAULT_TASK_MIX)."""
     if not text:
@@ -197,7 +236,8 @@ def base_records(seed, num_scenes, start=0, task_mix=None):
 
 def vocabulary_texts():
     """Returns texts holding every word the base tasks write (for the toy tokenizer)."""
-    texts = [OBJECT_PROMPT, GRID_PROMPT, COUNT_PROMPT, CAPTION_PROMPT, READ_PROMPT, " ".join(NUMBER_WORDS),
+    texts = [OBJECT_PROMPT, GRID_PROMPT, COUNT_PROMPT, CAPTION_PROMPT, READ_PROMPT, CHECK_PROMPT,
+             " ".join(NUMBER_WORDS),
              "What is at the nothing Where there is no Caption: Does it name a yes no What colour size",
              "no objects. background: not given. no circle is named"]
     texts += [r["prompt"] + "\n" + r["target"] for r in base_records(54321, 60)]
@@ -207,8 +247,12 @@ def vocabulary_texts():
 def score(record, output):
     """Returns 1.0 when a base-task output is exactly right (whitespace and case aside), else 0.0.
 
-    The caption task is scored by fact-level F1 against the scene instead.
+    The caption task is scored by fact-level F1 against the scene instead, the check task by
+    the share of its items answered right.
     """
     if record["task"] == "caption":
         return tw.caption_metrics(record["scene"], output)["f1"]
+    if record["task"] == "check":  # the share of items answered right (a missing line is wrong)
+        truth, said = check_answers(record["target"]), check_answers(output)
+        return float(np.mean([said.get(j) == answer for j, answer in truth.items()]))
     return float(" ".join(output.lower().split()) == " ".join(record["target"].lower().split()))

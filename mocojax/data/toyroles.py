@@ -366,6 +366,9 @@ def _vocabulary_corpus():
     for fact_kind in ("present", "absent"):
         texts.append(roles.format_rubric([item_of(Fact(fact_kind, tw.Mention("circle", "red")))]))
     texts += [f"its {a} is not given no such circle is named placed" for a in tw.ATTRIBUTES]
+    # Words of the first wave's longer rubric check field ("it must be called ...", "fails if
+    # any ..."): the shipped base's tokenizer has them, and a rebuilt base must get the same ids.
+    texts.append("must any fails")
     return texts + toybase.vocabulary_texts()
 
 

@@ -13,9 +13,14 @@ from mocojax.data import toybase
 from mocojax.eval import toyworld_eval
 
 
+# The base's own mix, plus one multi-item names question per scene (last in the task order,
+# so the other tasks' held-out records are the same with or without it).
+EVAL_TASK_MIX = dict(toybase.DEFAULT_TASK_MIX, check=1)
+
+
 def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max_new_tokens, image_size):
     """Returns {"base/<task>": score, "base/<task>_fixed_answer": baseline, ...} on held-out scenes."""
-    records = toybase.base_records(seed, num_scenes, start)
+    records = toybase.base_records(seed, num_scenes, start, task_mix=EVAL_TASK_MIX)
     outputs = toyworld_eval.generate_texts(cfg, params, processor, records, batch_size, max_new_tokens, image_size)
     result, examples = {}, {}
     for task in toybase.TASKS:
