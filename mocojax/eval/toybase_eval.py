@@ -32,6 +32,10 @@ def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max
             # Image-blind baseline: the reference caption of another held-out scene.
             shifted = [(r, pairs[(k + 1) % len(pairs)][0]["target"]) for k, (r, _) in enumerate(pairs)]
             result["base/caption_blind"] = float(np.mean([toybase.score(r, o) for r, o in shifted]))
+        elif task == "check":  # the better of answering every item "yes" or every item "no"
+            result["base/check_fixed_answer"] = max(
+                float(np.mean([toybase.score(r, "\n".join(f"{j} | {a}" for j in range(1, toybase.CHECK_ITEMS[1] + 1)))
+                               for r, _ in pairs])) for a in ("yes", "no"))
         else:
             fixed, _ = collections.Counter(r["target"] for r, _ in pairs).most_common(1)[0]
             result[f"base/{task}_fixed_answer"] = float(np.mean([toybase.score(r, fixed) for r, _ in pairs]))
