@@ -22,6 +22,7 @@ from mocojax.data import pipeline
 from mocojax.data import records as records_lib
 from mocojax.model.rope import default_row_len, pad_vision_metadata
 from mocojax.train import state as state_lib
+from mocojax.train import step as step_lib
 
 NUM_ROLES = len(records_lib.ROLES)
 
@@ -40,41 +41,29 @@ def micro_batches(cfg, batch, num_micro, max_patches=None):
     the pytree structure never changes between steps.
     """
     input_ids = batch["input_ids"]
-    rows = input_ids.shape[0]
-    if rows % num_micro:
-        raise ValueError(f"batch of {rows} rows does not split into {num_micro} micro-batches")
-    size = rows // num_micro
     grid = batch["image_grid_thw"]
     grid = np.zeros((0, 3), np.int64) if grid is None else np.asarray(grid).reshape(-1, 3)
-    images_per_row = (input_ids == cfg.vision_start_token_id).sum(1)
-    image_start = np.concatenate([[0], np.cumsum(images_per_row)])
-    patch_start = np.concatenate([[0], np.cumsum(grid.prod(-1))])
-    spans = [(image_start[a * size], image_start[(a + 1) * size]) for a in range(num_micro)]
-    need = max(patch_start[i1] - patch_start[i0] for i0, i1 in spans)
+    spans = step_lib.split_images(grid, (input_ids == cfg.vision_start_token_id).sum(1), num_micro)
+    size = input_ids.shape[0] // num_micro
+    need = max(patches.stop - patches.start for _, patches in spans)
     num_patches = max_patches or _next_power_of_two(max(need, 1))
     if need > num_patches:
         raise ValueError(f"a micro-batch holds {need} image patches, more than data.max_patches={max_patches}")
     row_len = default_row_len(grid)  # one packed attention row length, so micro-batches stack
-    out = {k: [] for k in ("input_ids", "attention_mask", "loss_mask", "role", "positions", "pixel_values", "vision")}
-    for a, (i0, i1) in enumerate(spans):
-        part = slice(a * size, (a + 1) * size)
-        sub_grid = grid[i0:i1] if i1 > i0 else None
-        inputs = model.prepare_inputs(cfg, input_ids[part], batch["attention_mask"][part], sub_grid,
-                                      batch["mm_token_type_ids"][part])
-        vision = model.vision_metadata(cfg.vision, grid[i0:i1], row_len=row_len)
+    parts = []
+    for a, (sub_grid, patches) in enumerate(spans):
+        rows = slice(a * size, (a + 1) * size)
+        inputs = model.prepare_inputs(cfg, input_ids[rows], batch["attention_mask"][rows], sub_grid if len(sub_grid) else None,
+                                      batch["mm_token_type_ids"][rows])
+        vision = model.vision_metadata(cfg.vision, sub_grid, row_len=row_len)
         pixels = np.zeros((num_patches, cfg.vision.patch_dim), np.float32)
-        if i1 > i0:
-            pixels[:patch_start[i1] - patch_start[i0]] = batch["pixel_values"][patch_start[i0]:patch_start[i1]]
-        out["input_ids"].append(input_ids[part])
-        out["attention_mask"].append(batch["attention_mask"][part])
-        out["loss_mask"].append(batch["loss_mask"][part])
-        out["role"].append(batch["role"][part])
-        out["positions"].append(inputs.positions.astype(np.int32))
-        out["pixel_values"].append(pixels)
-        out["vision"].append(pad_vision_metadata(vision, num_patches))
-    stacked = {k: np.stack(v) for k, v in out.items() if k != "vision"}
-    stacked["vision"] = jax.tree.map(lambda *xs: np.stack(xs), *out["vision"])
-    return stacked
+        if len(sub_grid):
+            pixels[:patches.stop - patches.start] = batch["pixel_values"][patches]
+        parts.append({"input_ids": input_ids[rows], "attention_mask": batch["attention_mask"][rows],
+                      "loss_mask": batch["loss_mask"][rows], "role": batch["role"][rows],
+                      "positions": inputs.positions.astype(np.int32), "pixel_values": pixels,
+                      "vision": pad_vision_metadata(vision, num_patches)})
+    return step_lib.stack(parts)
 
 
 def batch_nll(cfg, params, micro):
@@ -91,27 +80,11 @@ def batch_nll(cfg, params, micro):
     return role_nll.sum(), role_tokens.sum(), role_nll, role_tokens
 
 
-def _accumulate(cfg, params, batch, with_grad):
-    """Returns (grads or None, nll_sum, token_count, role_nll [R], role_tokens [R]) summed over micro-batches."""
-
-    def loss_fn(p, micro):
-        nll, *counts = batch_nll(cfg, p, micro)
-        return nll, counts
-
-    def micro_step(carry, micro):
-        grads, *sums = carry
-        if with_grad:
-            (nll, counts), micro_grads = jax.value_and_grad(loss_fn, has_aux=True)(params, micro)
-            grads = jax.tree.map(jnp.add, grads, micro_grads)
-        else:
-            nll, counts = loss_fn(params, micro)
-        return (grads, *[a + b for a, b in zip(sums, (nll, *counts))]), None
-
-    grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params) if with_grad else None
-    zeros_r = jnp.zeros((NUM_ROLES,), jnp.float32)
-    init = (grads, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros_r, zeros_r)
-    carry, _ = jax.lax.scan(micro_step, init, batch)
-    return carry
+def _micro_loss(cfg, params, micro):
+    """Returns (nll_sum, (token_count, role_nll_sums [R], role_token_counts [R])) of one micro-batch:
+    the values the trainer core sums over micro-batches."""
+    nll, *counts = batch_nll(cfg, params, micro)
+    return nll, tuple(counts)
 
 
 def _role_metrics(role_nll, role_tokens):
@@ -123,20 +96,26 @@ def _role_metrics(role_nll, role_tokens):
     return out
 
 
-def train_step(cfg, optimizer, state, batch):
-    """Returns (new state, metrics) after one optimiser update on a batch with a leading micro-batch axis."""
-    grads, nll, tokens, role_nll, role_tokens = _accumulate(cfg, state["params"], batch, with_grad=True)
+def train_step(cfg, optimizer, state, batch, grads_sharding=None):
+    """Returns (new state, metrics) after one optimiser update on a batch with a leading micro-batch axis.
+
+    The gradient is the sum over micro-batches of the NLL sums' gradients divided once by the
+    global batch's target-token count. grads_sharding: the params' shardings (see step.accumulate).
+    """
+    grads, (nll, (tokens, role_nll, role_tokens)) = step_lib.accumulate(
+        functools.partial(_micro_loss, cfg), state["params"], batch, grads_sharding=grads_sharding)
     denom = jnp.maximum(tokens, 1.0)
     loss = nll / denom
-    grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state["params"])
-    new_state, update_metrics = state_lib.apply_gradients(state, grads, optimizer, loss)
+    grads = jax.tree.map(lambda g: g / denom, grads)
+    new_state, update_metrics = step_lib.update(state, grads, optimizer, loss)
     metrics = {"loss": loss, "target_tokens": tokens, **update_metrics, **_role_metrics(role_nll, role_tokens)}
     return new_state, metrics
 
 
 def eval_step(cfg, params, batch):
     """Returns the summed NLL and token counts of a batch, overall and per role (for held-out loss)."""
-    _, nll, tokens, role_nll, role_tokens = _accumulate(cfg, params, batch, with_grad=False)
+    _, (nll, (tokens, role_nll, role_tokens)) = step_lib.accumulate(
+        functools.partial(_micro_loss, cfg), params, batch, with_grad=False)
     return {"nll": nll, "tokens": tokens, "role_nll": role_nll, "role_tokens": role_tokens}
 
 
@@ -144,11 +123,10 @@ BATCH_DIMS = {"input_ids": 1, "attention_mask": 1, "loss_mask": 1, "role": 1, "p
               "pixel_values": None, "vision": None}  # [A, b, ...]; patches stay replicated
 
 
-def make_train_step(cfg, optimizer, mesh, state_shardings, example_batch):
-    """Returns the jitted train step with explicit shardings (state donated)."""
-    batch_shardings = sharding.batch_shardings(example_batch, mesh, BATCH_DIMS)
-    return sharding.jit_train_step(functools.partial(train_step, cfg, optimizer), state_shardings,
-                                   batch_shardings, mesh)
+def make_train_step(cfg, optimizer, mesh, state_shardings):
+    """Returns the jitted train step (state donated, gradient carry pinned to the params' shardings)."""
+    step = functools.partial(train_step, cfg, optimizer, grads_sharding=state_shardings["params"])
+    return step_lib.jit_step(step, state_shardings, mesh)
 
 
 def global_host_batch(host_batch, pad_token_id, patch_dim):
@@ -174,8 +152,7 @@ def global_host_batch(host_batch, pad_token_id, patch_dim):
 
 def device_batch(cfg, mesh, host_batch, num_micro, max_patches):
     """Returns the micro-batched global batch (jax.Arrays sharded by BATCH_DIMS) of a global host batch."""
-    batch = micro_batches(cfg, host_batch, num_micro, max_patches)
-    return distributed.global_from_full(batch, sharding.batch_shardings(batch, mesh, BATCH_DIMS))
+    return step_lib.place_batch(mesh, micro_batches(cfg, host_batch, num_micro, max_patches), BATCH_DIMS)
 
 
 def evaluate_loss(eval_step_fn, params, batches):
@@ -223,30 +200,28 @@ def run_sft(config, workdir):
     data_iter = iter(dataset(train_examples, data_config.seed, None, data_config.group_by_role))
     manager = checkpoint.Manager(workdir, "sft", keep=sft.keep_checkpoints)
     state_shardings = sharding.train_state_shardings(cfg, mesh, optimizer, with_momentum=False)
-    abstract = jax.eval_shape(lambda: state_lib.init_state(
-        model.abstract_params(cfg), optimizer, jax.random.key(0)))
-    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                            abstract, state_shardings)
-    restored = manager.restore_latest(abstract)
-    if restored is None:
+
+    def init():
         init_stage = sft.get("init_stage", "")
         if init_stage:  # e.g. "vision": the toy base starts from its pretrained vision tower
             params = checkpoint.restore_params(workdir, init_stage, setup.model_config,
-                                               shardings=sharding.param_shardings(cfg, mesh))[0]
+                                               shardings=state_shardings["params"])[0]
         elif config.model.init_from:
             params = setup.load_params(place=sharding.placer(cfg, mesh))
         else:
             params = None
-        state, _ = sharding.init_train_state(cfg, mesh, optimizer, jax.random.key(config.seed),
-                                             params=params, with_momentum=False)
-        skipped = 0
-    else:
-        state, extra = restored
+        return sharding.init_train_state(cfg, mesh, optimizer, jax.random.key(config.seed),
+                                         params=params, with_momentum=False)[0]
+
+    abstract = step_lib.abstract_state(cfg, optimizer, state_shardings)
+    state, extra = step_lib.restore_or_init(manager, abstract, init)
+    skipped = 0
+    if extra is not None:
         data_iter.set_state(extra["data"])
         skipped = extra["skipped"]
         logging.info("resumed SFT from step %d", int(state["step"]))
     start = int(state["step"])
-    step_fn = None
+    step_fn = make_train_step(cfg, optimizer, mesh, state_shardings)
     eval_fn = jax.jit(functools.partial(eval_step, cfg), out_shardings=sharding.replicated(mesh))
     pad_token_id = setup.processor.pad_token_id
 
@@ -263,7 +238,6 @@ def run_sft(config, workdir):
         t0 = time.perf_counter()
         host_batch = global_host_batch(next(data_iter), pad_token_id, cfg.vision.patch_dim)
         batch = device_batch(cfg, mesh, host_batch, num_micro, data_config.max_patches)
-        step_fn = step_fn or make_train_step(cfg, optimizer, mesh, state_shardings, batch)
         state, step_metrics = step_fn(state, batch)
         last = _host_metrics(jax.device_get(step_metrics))
         seconds = time.perf_counter() - t0
