@@ -46,10 +46,8 @@ def run_eval(config, workdir):
     results = {}
     for stage in eval_stages(config):
         params, step = checkpoint.restore_params(workdir, stage, setup.model_config)
-        result = scorer.evaluate(setup.model_config, params, setup.processor, seed=config.data.seed,
-                                 start=config.data.num_train_scenes, num_scenes=config.eval.num_scenes,
-                                 batch_size=config.eval.batch_size, max_new_tokens=config.eval.max_new_tokens,
-                                 image_size=config.data.image_size)
+        result = scorer.evaluate(setup.model_config, params, setup.processor,
+                                 **toyworld_eval.held_out_kwargs(config))
         result = {"stage": stage, "step": step, **result}
         with open(os.path.join(workdir, f"eval_{stage}_{step}.json"), "w") as f:
             json.dump(result, f, indent=1)

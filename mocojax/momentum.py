@@ -56,20 +56,17 @@ def tree_distance(a, b):
   return jnp.sqrt(_sq_distance(a, b))
 
 
-@jax.jit
-def tracking_diagnostics(theta, theta_prev, phi, phi_prev):
-  """Returns {"tracking_error": ||theta - phi||, "policy_displacement": ||theta - theta_prev||,
-  "momentum_update": ||phi - phi_prev||}, float32 scalars, at a sync boundary.
+def tracking_diagnostics(theta, phi, m, theta_to_phi_prev, policy_displacement):
+  """Returns {"m", "momentum_update" u_s, "tracking_error" e_s, "policy_displacement" Delta_s}
+  right after a sync with coefficient m (docs/method.md): e_s = ||theta_s - phi_s|| (float32 []),
+  u_s = ||phi_s - phi_{s-1}|| and Delta_s = ||theta_s - theta_{s-1}|| as given.
 
-  ema_update donates phi_prev; to avoid keeping a copy, note that right after a sync with
-  coefficient m, ||phi_s - phi_{s-1}|| = (1 - m) ||theta_s - phi_{s-1}||, which
-  `tree_distance(theta, phi_prev)` computed before the update gives.
+  ema_update donates phi_{s-1}; rather than keeping a copy, u_s is computed from
+  theta_to_phi_prev = ||theta_s - phi_{s-1}|| measured before the update, since
+  phi_s - phi_{s-1} = (1 - m)(theta_s - phi_{s-1}).
   """
-  return {
-      "tracking_error": tree_distance(theta, phi),
-      "policy_displacement": tree_distance(theta, theta_prev),
-      "momentum_update": tree_distance(phi, phi_prev),
-  }
+  return {"m": m, "momentum_update": (1.0 - m) * theta_to_phi_prev,
+          "tracking_error": tree_distance(theta, phi), "policy_displacement": policy_displacement}
 
 
 def byol_cosine(base: float = 0.99, final: float = 1.0, total_syncs: int = 1000) -> MomentumFn:
@@ -98,7 +95,7 @@ def is_sync_step(step: int, every: int) -> bool:
 class MomentumSchedule:
   """The (m, H) rule: m a constant or a schedule of the sync count (or of the step), H >= 1.
 
-  Special cases (METHOD.md): m = 1 frozen roles (no update is run at all), (m, H) = (0, 1)
+  Special cases (docs/method.md): m = 1 frozen roles (no update is run at all), (m, H) = (0, 1)
   copy after every update, m = 0 with H > 1 periodic copy.
   """
 
@@ -187,9 +184,35 @@ class RoleMomentum:
     source = getattr(self, role)
     return params if source == "policy" else momentum[source]
 
-  def update(self, momentum: dict, params, schedule: MomentumSchedule, step: int):
-    """Returns (momentum dict after Policy update `step`, m used or None); only "ema" moves."""
-    if "ema" not in momentum:
-      return momentum, None
-    ema, m = schedule.update(momentum["ema"], params, step)
-    return {**momentum, "ema": ema}, m
+
+def displacement_reference(params, schedule: MomentumSchedule):
+  """Returns the `theta_at_sync` that `sync` starts from: a copy of params when H > 1 (Delta_s
+  spans several updates), None when H = 1 (Delta_s is the update's own norm)."""
+  return jax.tree.map(jnp.copy, params) if schedule.every > 1 else None
+
+
+def sync(role_momentum: RoleMomentum, schedule: MomentumSchedule, copies: dict, params, step: int, *,
+         update_norm, theta_at_sync=None):
+  """Returns (copies, diagnostics, theta_at_sync) after Policy update `step` (1-based).
+
+  The one place the (m, H) rule meets the roles: at a sync (step % H == 0) the "ema" copy moves
+  by `schedule.update` (phi <- m phi + (1 - m) theta, the old phi donated; nothing runs at
+  m = 1), the frozen copy never does. diagnostics: "tracking_error_frozen" whenever a frozen
+  copy is kept, and at a sync of an "ema" copy `tracking_diagnostics`, with Delta_s the
+  update's own norm (update_norm) when H = 1, else measured against theta_at_sync (the params
+  at the previous sync, from `displacement_reference`), which comes back refreshed.
+  """
+  diagnostics = {}
+  if "frozen" in copies:
+    diagnostics["tracking_error_frozen"] = tree_distance(params, copies["frozen"])
+  displacement = update_norm
+  if theta_at_sync is not None and schedule.is_sync(step):
+    displacement = tree_distance(params, theta_at_sync)
+    theta_at_sync = jax.tree.map(jnp.copy, params)
+  if "ema" not in copies or not schedule.is_sync(step):
+    return copies, diagnostics, theta_at_sync
+  m = schedule.m_at(step)
+  before = tree_distance(params, copies["ema"])
+  ema, _ = schedule.update(copies["ema"], params, step)
+  diagnostics.update(tracking_diagnostics(params, ema, m, before, displacement))
+  return {**copies, "ema": ema}, diagnostics, theta_at_sync

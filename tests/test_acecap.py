@@ -221,7 +221,7 @@ def test_g2p_rl_rewards_known_captions_by_hand(tmp_path, monkeypatch):
     """The Policy's samples are real, but each group's captions are replaced by [reference, "",
     reference, ""]: the oracle judge gives R_G = 1 (every item right) and -0.5 (every item Not
     Given), so the logged rewards and fractions are known by hand, and GRPO has signal."""
-    from mocojax.train import g2p, rl
+    from mocojax.train import g2p, rl, rl_evals
     from mocojax.train import rollout as rollout_lib
 
     monkeypatch.syspath_prepend(REPO)
@@ -249,7 +249,7 @@ def test_g2p_rl_rewards_known_captions_by_hand(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rollout_lib, "policy_captions", known_captions)
     monkeypatch.setattr(g2p.G2PSource, "collect", recording_collect)
-    monkeypatch.setattr(rl, "judge_gate", no_gate)
+    monkeypatch.setattr(rl_evals, "judge_gate", no_gate)
     rl.run_rl(config, str(tmp_path))
 
     with open(tmp_path / "metrics.jsonl") as f:

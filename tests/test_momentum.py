@@ -165,14 +165,41 @@ def test_schedule_value_validated_when_used():
 
 def test_tracking_diagnostics_hand_computed():
   theta = {"w": jnp.array([3.0, 0.0], jnp.bfloat16), "b": jnp.array([4.0], jnp.bfloat16)}
-  theta_prev = {"w": jnp.zeros(2), "b": jnp.array([4.0])}
   phi = {"w": jnp.zeros(2), "b": jnp.zeros(1)}
-  phi_prev = {"w": jnp.array([0.0, -1.0]), "b": jnp.zeros(1)}
-  diag = momentum.tracking_diagnostics(theta, theta_prev, phi, phi_prev)
-  # e = ||(3, 0, 4)|| = 5; Delta = ||(3, 0, 0)|| = 3; u = ||(0, 1, 0)|| = 1.
+  diag = momentum.tracking_diagnostics(theta, phi, 0.75, theta_to_phi_prev=jnp.float32(4.0),
+                                       policy_displacement=3.0)
+  # e = ||(3, 0, 4)|| = 5; u = (1 - 0.75) x 4 = 1; Delta as given.
   assert {k: float(v) for k, v in diag.items()} == {
-      "tracking_error": 5.0, "policy_displacement": 3.0, "momentum_update": 1.0}
-  assert all(v.dtype == jnp.float32 for v in diag.values())
+      "m": 0.75, "tracking_error": 5.0, "policy_displacement": 3.0, "momentum_update": 1.0}
+  assert diag["tracking_error"].dtype == jnp.float32
+
+
+def test_sync_every_two_updates_by_hand():
+  """H = 2, m = 0.5: nothing moves after update 1; after update 2 phi = 0.5 phi_0 + 0.5 theta_2,
+  Delta spans both updates, and u equals the distance phi actually moved."""
+  roles = momentum.RoleMomentum(generator="ema", judge="frozen")
+  schedule = momentum.MomentumSchedule(m=0.5, every=2)
+  theta_0 = _tree([0.0, 0.0], [[0.0]])
+  copies = roles.init(theta_0)
+  reference = momentum.displacement_reference(theta_0, schedule)
+  theta_1 = _tree([1.0, 0.0], [[0.0]])
+  copies, diag, reference = momentum.sync(roles, schedule, copies, theta_1, 1, update_norm=1.0,
+                                          theta_at_sync=reference)
+  assert set(diag) == {"tracking_error_frozen"} and float(diag["tracking_error_frozen"]) == 1.0
+  assert float(copies["ema"]["a"][0]) == 0.0
+  theta_2 = _tree([3.0, 0.0], [[4.0]])
+  copies, diag, reference = momentum.sync(roles, schedule, copies, theta_2, 2, update_norm=2.0,
+                                          theta_at_sync=reference)
+  # phi_2 = (1.5, 0, 2); e = ||(1.5, 0, 2)|| = 2.5; u = ||phi_2 - 0|| = 2.5; Delta = ||theta_2 - theta_0|| = 5.
+  np.testing.assert_array_equal(copies["ema"]["a"], [1.5, 0.0])
+  np.testing.assert_array_equal(copies["ema"]["b"]["c"], [[2.0]])
+  assert {k: float(v) for k, v in diag.items()} == {
+      "tracking_error_frozen": 5.0, "m": 0.5, "momentum_update": 2.5, "tracking_error": 2.5,
+      "policy_displacement": 5.0}
+  np.testing.assert_array_equal(reference["a"], theta_2["a"])  # the next Delta starts here
+  np.testing.assert_array_equal(copies["frozen"]["a"], [0.0, 0.0])
+  # H = 1 keeps no reference: Delta is the update's own norm.
+  assert momentum.displacement_reference(theta_0, momentum.MomentumSchedule(m=0.5)) is None
 
 
 def test_momentum_update_norm_without_keeping_phi_prev():
@@ -200,7 +227,7 @@ def test_role_momentum_generator_ema_judge_frozen():
   state = roles.init(_scalar_tree(0.0))
   schedule = momentum.MomentumSchedule(m=0.5, every=1)
   for step in (1, 2):
-    state, _ = roles.update(state, _scalar_tree(float(step)), schedule, step)
+    state, _, _ = momentum.sync(roles, schedule, state, _scalar_tree(float(step)), step, update_norm=0.0)
   # EMA copy: 0.5 x 0 + 0.5 x 1 = 0.5, then 0.5 x 0.5 + 0.5 x 2 = 1.25; frozen stays 0.
   assert float(roles.params_for("generator", state, None)["w"][0]) == 1.25
   assert float(roles.params_for("judge", state, None)["w"][0]) == 0.0
@@ -212,8 +239,8 @@ def test_role_momentum_policy_source_and_validation():
   state = roles.init(params)
   assert roles.copies == ("frozen",)
   assert roles.params_for("generator", state, params) is params
-  # No EMA copy: the update is a no-op.
-  assert roles.update(state, params, momentum.MomentumSchedule(), 1) == (state, None)
+  # No EMA copy: the sync moves nothing.
+  assert momentum.sync(roles, momentum.MomentumSchedule(), state, params, 1, update_norm=0.0)[0] is state
   with pytest.raises(ValueError, match="judge"):
     momentum.RoleMomentum(judge="shared")
   with pytest.raises(ValueError, match="role"):

@@ -309,7 +309,8 @@ def test_non_finite_batch_through_the_real_grpo_step_is_skipped(tiny):
     from mocojax.train import rl
     config, setup, params = tiny
     cfg = setup.model_config
-    batch = rl.train_batch(cfg, _rollout(config, setup), config.rl)
+    rollout = _rollout(config, setup)
+    batch = rl.train_batch(cfg, rollout, config.rl, rl.advantages(rollout, config.rl))
     optimizer = rl.rl_optimizer(config)
     step = rl.make_grpo_step(cfg, optimizer, config.rl)
     mesh = sharding.make_mesh(None)

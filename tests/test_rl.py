@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import rl_patterns
-from mocojax import config_utils, losses
-from mocojax.train import rl, rl_config
+from mocojax import config_utils, losses, momentum
+from mocojax.train import rl, rl_config, rl_evals
 from mocojax.train import rollout as rollout_lib
 
 CONFIGS = os.path.join(os.path.dirname(__file__), os.pardir, "configs")
@@ -77,10 +77,10 @@ def test_rl_end_to_end_policy_moves_momentum_is_ema_roles_get_no_gradient(tmp_pa
     config.rl.generator, config.rl.judge = "ema", "frozen"  # one EMA copy, one frozen copy
     config.rl.lr, config.rl.warmup_ratio = 1e-2, 0.0  # every one of the 3 updates moves the model
     rl_patterns.patterned_roles(monkeypatch.setattr)
-    monkeypatch.setattr(rl, "_evaluate", lambda *args: {})  # held-out eval has its own tests
+    monkeypatch.setattr(rl_evals, "held_out", lambda *args: {})  # held-out eval has its own tests
 
     step_state_keys, trajectory, momenta, objective_change = [], [], [], []
-    make_grpo_step, sync = rl.make_grpo_step, rl.sync
+    make_grpo_step, sync = rl.make_grpo_step, momentum.sync
 
     def recording_make_grpo_step(*args):
         step_fn = make_grpo_step(*args)
@@ -105,14 +105,14 @@ def test_rl_end_to_end_policy_moves_momentum_is_ema_roles_get_no_gradient(tmp_pa
 
         return recording_step
 
-    def recording_sync(role_momentum, schedule, copies, params, step, displacement):
+    def recording_sync(role_momentum, schedule, copies, params, step, **kwargs):
         trajectory.append(jax.tree.map(np.array, params))
-        out = sync(role_momentum, schedule, copies, params, step, displacement)
+        out = sync(role_momentum, schedule, copies, params, step, **kwargs)
         momenta.append(jax.tree.map(np.array, out[0]))
         return out
 
     monkeypatch.setattr(rl, "make_grpo_step", recording_make_grpo_step)
-    monkeypatch.setattr(rl, "sync", recording_sync)
+    monkeypatch.setattr(momentum, "sync", recording_sync)
     workdir = str(tmp_path)
     last = rl.run_rl(config, workdir)
 
@@ -205,7 +205,7 @@ def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatc
 
     monkeypatch.setattr(rollout_lib, "write_rubrics", no_model)
     monkeypatch.setattr(rollout_lib, "judge_captions", no_model)
-    monkeypatch.setattr(rl, "judge_gate", no_model)  # no Judge model to gate
+    monkeypatch.setattr(rl_evals, "judge_gate", no_model)  # no Judge model to gate
     rl.run_rl(config, str(tmp_path))
     with open(tmp_path / "metrics.jsonl") as f:
         rows = [row for row in map(json.loads, f) if row["stage"] == "rl" and row["step"] > 0]

@@ -13,7 +13,7 @@ from mocojax import roles
 from mocojax.data import toybase, toyroles
 from mocojax.data import toyworld as tw
 from mocojax.data.toyworld import Mention, Obj, Scene
-from mocojax.train import rl
+from mocojax.train import rl_evals
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENE = Scene("toy0-000001", "gray", (Obj("circle", "red", "large", "top left"),
@@ -229,8 +229,8 @@ def test_within_group_corr_by_hand():
     rewards = [[0.0, 0.5, 1.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.5]]
     f1 = [[0.1, 0.2, 0.3], [0.1, 0.5, 0.9], [0.2, 0.4, 0.6]]
     # Group 0: r = 1; group 1: constant reward (left out); group 2: r = -0.5.
-    assert rl.within_group_corr(rewards, f1) == pytest.approx(0.25)
-    assert rl.within_group_corr([[1.0, 1.0]], [[0.1, 0.2]]) is None
+    assert rl_evals.within_group_corr(rewards, f1) == pytest.approx(0.25)
+    assert rl_evals.within_group_corr([[1.0, 1.0]], [[0.1, 0.2]]) is None
 
 
 def test_short_base_build_is_deterministic(tmp_path):

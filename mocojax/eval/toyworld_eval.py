@@ -37,6 +37,14 @@ def generate_texts(cfg, params, processor, examples, batch_size, max_new_tokens,
     return texts
 
 
+def held_out_kwargs(config):
+    """Returns the keyword arguments of `evaluate` (and toybase_eval.evaluate) that score an
+    experiment config's held-out scenes: the ones after its training scenes."""
+    return dict(seed=config.data.seed, start=config.data.num_train_scenes, num_scenes=config.eval.num_scenes,
+                batch_size=config.eval.batch_size, max_new_tokens=config.eval.max_new_tokens,
+                image_size=config.data.image_size)
+
+
 def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max_new_tokens, image_size=128):
     """Returns toy-world quality metrics of params on scenes start..start+num_scenes-1 (seed `seed`)."""
     scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}

@@ -25,6 +25,7 @@ import numpy as np
 from mocojax import acecap, roles
 from mocojax.data import toyworld as tw
 from mocojax.train import rl as rl_lib
+from mocojax.train import rl_evals
 from mocojax.train import rollout as rollout_lib
 
 
@@ -107,7 +108,7 @@ class G2PSource:
                    "g2p/unreadable_frac": float(rollout.unreadable.sum()) / answered,
                    "g2p/questions_per_image": float(np.mean([len(items) for items in rollout.mcqs]))}
         truths = [self._truth(g, image_id, rollout) for g, image_id in enumerate(rollout.ids)]
-        scalars.update(rl_lib.truth_metrics(truths, rollout.rewards))
+        scalars.update(rl_evals.truth_metrics(truths, rollout.rewards))
         agree = [v for t in truths for v in t["judge_agrees"]]
         if agree:
             scalars["true/judge_choice_accuracy"] = float(np.mean(agree))

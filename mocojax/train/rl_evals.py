@@ -1,0 +1,140 @@
+"""The toy world in the RL loop: the Judge gate, held-out evals, and the exact truth of rollouts.
+
+`run_rl` has no toy-world branches: it calls the hooks of `make(...)`, which for a toy-world
+config gate RL on the starting Judge and evaluate the Policy on held-out scenes (for any other
+data source they return nothing); the reward sources score each step's captions, rubric items
+and Judge decisions against the scenes' exact truth with `toy_truth` / `truth_metrics`.
+"""
+
+import logging
+
+import numpy as np
+
+from mocojax.data import toyroles
+from mocojax.data import toyworld as tw
+from mocojax.eval import toyworld_eval
+
+
+class ToyWorldEvals:
+    """Hooks of a toy-world RL run (config.data.source == "toyworld")."""
+
+    def __init__(self, config, processor, cfg):
+        self.config, self.processor, self.cfg = config, processor, cfg
+
+    def start(self, params, judge_params):
+        """Returns the step-0 metrics of a fresh run: the Judge gate (rubric reward with a model
+        Judge) and, with rl.eval_every, the held-out eval of the starting Policy; else {}."""
+        rl = self.config.rl
+        if rl.judge == "exact" or rl.reward != "rubric":
+            return {}
+        gate = judge_gate(self.config, self.processor, judge_params, self.cfg)
+        return {**gate, **(held_out(self.config, self.processor, params, self.cfg) if rl.eval_every else {})}
+
+    def after_update(self, step, params):
+        """Returns the held-out eval of the Policy every rl.eval_every updates and after the last ({} otherwise)."""
+        rl = self.config.rl
+        if rl.eval_every and (step % rl.eval_every == 0 or step == rl.num_steps):
+            return held_out(self.config, self.processor, params, self.cfg)
+        return {}
+
+
+class NoEvals:
+    """Hooks of a run on user data: nothing to gate on or evaluate against."""
+
+    def start(self, params, judge_params):
+        return {}
+
+    def after_update(self, step, params):
+        return {}
+
+
+def make(config, processor, cfg):
+    """Returns the RL loop's eval hooks for config's data source."""
+    if config.data.source == "toyworld":
+        return ToyWorldEvals(config, processor, cfg)
+    return NoEvals()
+
+
+def held_out(config, processor, params, cfg):
+    """Returns held-out toy-world caption metrics of the Policy params, prefixed "eval/"."""
+    result = toyworld_eval.evaluate(cfg, params, processor, **toyworld_eval.held_out_kwargs(config))
+    return {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
+
+
+def judge_gate(config, processor, judge_params, cfg):
+    """Scores the Judge that RL starts with on held-out RL-like toy captions; returns
+    {"gate/judge_balanced_accuracy_within_kind", ...}. Below config.rl.judge_gate it warns loudly, or
+    raises when config.rl.judge_gate_refuse is set: a Judge that cannot tell a caption that
+    meets an item from one that does not gives rewards without signal about quality."""
+    rl = config.rl
+    gate = toyworld_eval.judge_gate(cfg, judge_params, processor, seed=config.data.seed,
+                                    start=config.data.num_train_scenes, num_scenes=rl.judge_gate_scenes,
+                                    batch_size=config.eval.batch_size, max_new_tokens=rl.judge_max_new_tokens)
+    # Within each item kind: a Judge that only learned each kind's usual answer scores 0.5.
+    score = gate["balanced_accuracy_within_kind"]
+    message = (f"the Judge's balanced accuracy within item kinds on held-out RL-like captions is "
+               f"{score:.3f} (pooled {gate['balanced_accuracy']:.3f}, accuracy {gate['accuracy']:.3f}; "
+               f"an always-1 Judge: accuracy {gate['accuracy_always_1']:.3f}, balanced 0.5), "
+               f"threshold config.rl.judge_gate={rl.judge_gate}")
+    if score < rl.judge_gate:
+        if rl.judge_gate_refuse:
+            raise RuntimeError(f"RL refused: {message}. Train the roles longer (config.sft.num_steps) "
+                               "or set config.rl.judge_gate_refuse=False to run anyway.")
+        logging.warning("!" * 80)
+        logging.warning("JUDGE GATE FAILED: %s. Rewards will carry little signal about caption quality.", message)
+        logging.warning("!" * 80)
+    else:
+        logging.info("judge gate passed: %s", message)
+    return {f"gate/judge_{k}": v for k, v in gate.items()}
+
+
+def toy_truth(scene, rollout, g):
+    """Returns the exact toy-world truth of group g: per-caption F1 and hallucinations, per-item
+    rubric truth (None: not in the world's language) and per-caption, per-item Judge correctness."""
+    metrics = [tw.caption_metrics(scene, caption) for caption in rollout.captions[g]]
+    facts = [toyroles.parse_criterion(item.criterion) for item in rollout.rubrics[g]]
+    item_true = [None if f is None else toyroles.fact_is_true(scene, f) for f in facts]
+    decision_right = []
+    for caption, values in zip(rollout.captions[g], rollout.decisions[g]):
+        mentions, background = tw.parse_caption(caption)
+        decision_right.append([None if f is None else
+                               int(toyroles.judge_fact(f, mentions, background).value == v)
+                               for f, v in zip(facts, values)])
+    return {"f1": [m["f1"] for m in metrics],
+            "hallucinated": [len(m["hallucinated"]) for m in metrics],
+            "item_true": item_true, "decision_right": decision_right}
+
+
+def truth_metrics(truths, rewards):
+    """Returns the step's toy-world truth scalars from toy_truth dicts of its groups; rewards [G, N].
+    Only "f1" and "hallucinated" are needed: a reward without rubrics (G2P) gives no "item_true"
+    or "decision_right"."""
+    f1 = [v for t in truths for v in t["f1"]]
+    items = [v for t in truths for v in t.get("item_true", [])]
+    decisions = [v for t in truths for row in t.get("decision_right", []) for v in row if v is not None]
+    out = {"true/caption_f1": float(np.mean(f1)),
+           "true/hallucinated_per_caption": float(np.mean([v for t in truths
+                                                           for v in t["hallucinated"]]))}
+    if items:
+        out["true/rubric_item_truth"] = float(np.mean([bool(v) for v in items]))
+        out["true/rubric_item_unreadable"] = float(np.mean([v is None for v in items]))
+    if decisions:
+        out["true/judge_accuracy"] = float(np.mean(decisions))
+    # Does the rubric reward rank captions as the truth does? Pearson r over this step's captions,
+    # and (what GRPO uses: ranks within a group) the mean r within groups where both vary.
+    if np.std(f1) > 0 and np.std(rewards) > 0:
+        out["true/reward_f1_corr"] = float(np.corrcoef(np.ravel(rewards), f1)[0, 1])
+    within = within_group_corr(rewards, [t["f1"] for t in truths])
+    if within is not None:
+        out["true/reward_f1_corr_within"] = within
+    return out
+
+
+def within_group_corr(rewards, f1):
+    """Returns the mean over groups of Pearson r(reward, true F1) within the group, or None.
+
+    rewards, f1 [G, N]. Groups where either side is constant carry no ranking and are left out.
+    """
+    rs = [np.corrcoef(r, f)[0, 1] for r, f in zip(np.asarray(rewards, np.float64), np.asarray(f1, np.float64))
+          if np.std(r) > 0 and np.std(f) > 0]
+    return float(np.mean(rs)) if rs else None
