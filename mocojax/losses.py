@@ -52,35 +52,13 @@ def chunked_token_logprobs(hidden, targets, logits_fn, chunk: int = 0):
   return out.swapaxes(0, 1).reshape(rows, num * chunk)[:, :length]
 
 
-def sft_loss(logits, targets, loss_mask):
-  """Returns (mean NLL over masked target tokens, metrics); logits [B, L, V], rest [B, L].
-
-  metrics: "loss", "nll_sum" (sum over masked tokens) and "token_count", so gradient
-  accumulation can weight micro-batches by tokens. An all-masked batch gives loss 0.
-  """
-  if loss_mask.shape != targets.shape:
-    raise ValueError(f"loss_mask {loss_mask.shape} must match targets {targets.shape}.")
-  mask = loss_mask.astype(jnp.float32)
-  nll = -token_logprobs(logits, targets)  # [B, L]
-  nll_sum = jnp.sum(nll * mask)
-  token_count = jnp.sum(mask)
-  loss = nll_sum / jnp.maximum(token_count, 1.0)
-  return loss, {"loss": loss, "nll_sum": nll_sum, "token_count": token_count}
-
-
-def per_group_nll(logits, targets, loss_mask, group_ids, num_groups: int):
-  """Returns (nll_sums [num_groups], token_counts [num_groups]) over masked tokens.
-
-  group_ids [B] assigns each row to a group (e.g. the role: Policy / Generator / Judge).
-  Per-group mean = nll_sums / token_counts, and the mixed `sft_loss` of the same batch is
-  sum(nll_sums) / sum(token_counts): per-role losses add up to it weighted by token counts.
-  """
-  return per_group_sums(-token_logprobs(logits, targets), loss_mask, group_ids, num_groups)
-
-
 def per_group_sums(token_nll, loss_mask, group_ids, num_groups: int):
   """Returns (nll_sums [num_groups], token_counts [num_groups]) of per-token NLLs [B, L] over
-  masked tokens: per_group_nll for callers that already hold the log-probabilities."""
+  masked tokens, float32; group_ids [B] assigns each row to a group (the SFT role).
+
+  The mixed SFT loss is sum(nll_sums) / sum(token_counts): the per-group mean losses
+  nll_sums / token_counts add up to it weighted by token counts.
+  """
   if group_ids.shape != token_nll.shape[:1]:
     raise ValueError(f"group_ids {group_ids.shape} must be [B] for tokens {token_nll.shape}.")
   mask = loss_mask.astype(jnp.float32)

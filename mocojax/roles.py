@@ -1,6 +1,6 @@
 """The three roles' prompts, the rubric and decision formats, their parsers and the reward.
 
-One model plays three roles, told apart only by their prompts (METHOD.md):
+One model plays three roles, told apart only by their prompts (docs/method.md):
 the Policy captions an image; the Generator writes a rubric from the image, the reference
 captions and some candidate captions; the Judge scores ONE caption against the rubric,
 without the image.

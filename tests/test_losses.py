@@ -52,38 +52,45 @@ def test_token_logprobs_float32_for_bf16_logits():
   assert np.max(np.abs(np.asarray(lp_bf16, np.float64) - expected)) > 1e-3
 
 
-def test_sft_loss_hand_computed_and_mask_excludes_prompt():
+def _role_sums(logits, targets, loss_mask, group_ids, num_groups):
+  """The SFT trainer's reduction (sft.batch_nll): per-token NLL summed per group over masked tokens."""
+  return losses.per_group_sums(-losses.token_logprobs(logits, targets), loss_mask, group_ids, num_groups)
+
+
+def test_sft_nll_sum_hand_computed_and_mask_excludes_prompt():
   logits, targets, loss_mask = _sft_batch()
-  loss, metrics = losses.sft_loss(logits, targets, loss_mask)
-  # (ln 4 + ln 2 + ln 8/3) / 3 = ln(64/3) / 3
-  np.testing.assert_allclose(loss, math.log(64 / 3) / 3, rtol=1e-6)
-  np.testing.assert_allclose(metrics["nll_sum"], math.log(64 / 3), rtol=1e-6)
-  assert metrics["token_count"] == 3
-  # Changing the masked prompt position (1, 0) leaves the loss unchanged.
+  one_group = jnp.zeros(2, jnp.int32)
+  sums, counts = _role_sums(logits, targets, loss_mask, one_group, 1)
+  # ln 4 + ln 2 + ln 8/3 = ln(64/3) over 3 tokens.
+  np.testing.assert_allclose(sums, [math.log(64 / 3)], rtol=1e-6)
+  np.testing.assert_array_equal(counts, [3])
+  # Changing the masked prompt position (1, 0) leaves the sum unchanged.
   changed = logits.at[1, 0].set(jnp.array([9.0, -3.0, 0.5, 2.0]))
-  np.testing.assert_allclose(losses.sft_loss(changed, targets, loss_mask)[0], loss, rtol=1e-7)
-  # Unmasking it adds ln 4: (ln(64/3) + ln 4) / 4.
-  full, _ = losses.sft_loss(logits, targets, jnp.ones_like(loss_mask))
-  np.testing.assert_allclose(full, (math.log(64 / 3) + LN4) / 4, rtol=1e-6)
+  np.testing.assert_allclose(_role_sums(changed, targets, loss_mask, one_group, 1)[0], sums, rtol=1e-7)
+  # Unmasking it adds ln 4 and a token.
+  full, full_counts = _role_sums(logits, targets, jnp.ones_like(loss_mask), one_group, 1)
+  np.testing.assert_allclose(full, [math.log(64 / 3) + LN4], rtol=1e-6)
+  np.testing.assert_array_equal(full_counts, [4])
 
 
-def test_sft_loss_bf16_logits_is_float32():
+def test_sft_nll_of_bf16_logits_is_float32():
   logits, targets, loss_mask = _sft_batch()
-  loss, _ = losses.sft_loss(logits.astype(jnp.bfloat16), targets, loss_mask)
-  assert loss.dtype == jnp.float32
+  sums, counts = _role_sums(logits.astype(jnp.bfloat16), targets, loss_mask, jnp.zeros(2, jnp.int32), 1)
+  assert sums.dtype == jnp.float32 and counts.dtype == jnp.float32
 
 
-def test_per_group_nll_adds_up_to_mixed_loss():
+def test_per_group_sums_add_up_to_mixed_loss():
   logits, targets, loss_mask = _sft_batch()
   # Row 0 is a Policy record (group 0), row 1 a Judge record (group 2); no Generator rows.
-  sums, counts = losses.per_group_nll(logits, targets, loss_mask, jnp.array([0, 2]), 3)
+  sums, counts = _role_sums(logits, targets, loss_mask, jnp.array([0, 2]), 3)
   # Policy: ln 4 + ln 2 = ln 8 over 2 tokens; Judge: ln 8/3 over 1 token.
   np.testing.assert_allclose(sums, [math.log(8), 0.0, math.log(8 / 3)], rtol=1e-6)
   np.testing.assert_array_equal(counts, [2, 0, 1])
   per_role = sums / jnp.maximum(counts, 1)
-  # Token-weighted per-role losses: (2 * ln8/2 + 0 + 1 * ln(8/3)) / 3 = mixed loss.
-  mixed, _ = losses.sft_loss(logits, targets, loss_mask)
-  np.testing.assert_allclose(jnp.sum(per_role * counts) / jnp.sum(counts), mixed, rtol=1e-6)
+  # Token-weighted per-role losses: (2 * ln8/2 + 0 + 1 * ln(8/3)) / 3 = the mixed loss ln(64/3) / 3.
+  np.testing.assert_allclose(jnp.sum(per_role * counts) / jnp.sum(counts), math.log(64 / 3) / 3, rtol=1e-6)
+  with pytest.raises(ValueError, match="group_ids"):
+    losses.per_group_sums(jnp.zeros((2, 2)), loss_mask, jnp.array([0, 1, 2]), 3)
 
 
 @pytest.mark.parametrize("chunk", [0, 4, 5, 13, 40])

@@ -8,10 +8,13 @@ import math
 
 import ml_collections
 
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
-# "exact" (toy world only): the world's exact rubric writer and judge instead of a model, the
-# ceiling of what the rubric reward can give the Policy (toyroles.ExactRoles).
-ROLE_SOURCES = ("ema", "frozen", "policy", "exact")
+from mocojax.losses import AGGREGATIONS
+from mocojax.momentum import ROLE_SOURCES as PARAM_SOURCES
+
+# The parameter copies a role may use (momentum.RoleMomentum), or "exact" (toy world only): the
+# world's exact rubric writer and judge instead of a model, the ceiling of what the rubric reward
+# can give the Policy (toyroles.ExactRoles).
+ROLE_SOURCES = PARAM_SOURCES + ("exact",)
 MOMENTUM_SCHEDULES = ("constant", "byol_cosine")
 # What scores the Policy's captions: "rubric" (online rubrics, the method) or "g2p" (ACE-Cap's
 # Gold-MCQ reward from a text-only MCQ judge; mocojax.train.g2p, docs/acecap.md).
