@@ -1,26 +1,43 @@
-"""Memory and compile plan: compiles the SFT step, the RL update and a sampler decode step for a
-preset on a mesh of fake devices, and reports per-device bytes next to an analytic estimate.
+"""Memory and compile plan: compiles the trainers' real programs (the SFT train step, the GRPO
+update, the sampler's prefill and decode loop) for a preset on a mesh of fake devices, and
+reports per-device bytes next to an analytic estimate.
 
   python -m mocojax.plan --preset 8b --mesh fsdp=8 --hbm-gb 80
 
 Run as a program it fakes `--devices` CPU devices (default: the mesh's size) before jax is
-imported; nothing is allocated, every array is a ShapeDtypeStruct. The step functions here
-(`make_update_step`, `sft_loss_fn`, `rl_loss_fn`, `decode_step`) are the minimal pure steps
-the plan compiles and the sharding tests run; the trainers own the real ones.
+imported; nothing is allocated, every array is a ShapeDtypeStruct. Like MaxText's
+train_compile.py it never compiles a stand-in: `sft.make_train_step`, `rl.make_grpo_step` and
+`sampling`'s jitted prefill / decode are lowered on batches laid out as the trainers lay them out.
 """
 
 import os
 import sys
 
+
+def fake_device_count(argv) -> int:
+    """Returns the CPU devices to fake for a command line: --devices, else the product of the
+    --mesh sizes (default fsdp=8); both flags read in the --flag=value and --flag value forms."""
+
+    def flag(name):
+        for i, arg in enumerate(argv):
+            if arg.startswith(f"--{name}="):
+                return arg.split("=", 1)[1]
+            if arg == f"--{name}" and i + 1 < len(argv):
+                return argv[i + 1]
+        return None
+
+    if flag("devices") is not None:
+        return int(flag("devices"))
+    count = 1
+    for item in filter(None, (s.strip() for s in (flag("mesh") or "fsdp=8").split(","))):
+        count *= max(1, int(item.split("=")[1]))
+    return count
+
+
 if __name__ == "__main__" and "jax" not in sys.modules:
     # Fake devices must be requested before jax initialises its backends.
-    _n = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--devices=")), None)
-    if _n is None:
-        _mesh = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--mesh=")), "fsdp=8")
-        _n = 1
-        for _item in _mesh.split(","):
-            _n *= max(1, int(_item.split("=")[1]))
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_n}"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={fake_device_count(sys.argv[1:])}")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
@@ -31,75 +48,16 @@ import time  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 
-from mocojax import losses, model, sampling, sharding  # noqa: E402
+import ml_collections  # noqa: E402
+
+from mocojax import model, sampling, sharding  # noqa: E402
 from mocojax.model.rope import vision_metadata  # noqa: E402
+from mocojax.train import sft  # noqa: E402
+from mocojax.train import state as state_lib  # noqa: E402
+from mocojax.train import step as step_lib  # noqa: E402
 
 GB = 1e9
-
-
-def _target_logprobs(cfg, params, batch, mesh, rules):
-    """Returns log p(input_ids[:, t + 1] | prefix) float32 [B, L-1], as the trainers compute it
-    (model.target_logprobs, chunked by cfg.logits_chunk); hidden states pinned to rows."""
-    _, aux = model.apply(cfg, params, batch["input_ids"], batch["attention_mask"], batch["positions"],
-                         batch.get("pixel_values"), batch.get("vision"), return_hidden=True)
-    hidden = aux["hidden"][:, :-1]
-    if mesh is not None:
-        hidden = sharding.constrain(hidden, mesh, ("batch", "length", None), rules)
-    return model.target_logprobs(cfg, params, hidden, batch["input_ids"][:, 1:])
-
-
-def sft_loss_fn(cfg, params, batch, mesh=None, rules=sharding.DEFAULT_RULES):
-    """Returns (mean NLL over loss_mask, metrics) of one micro-batch; batch arrays [B, L], positions [3, B, L]."""
-    mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
-    nll_sum = -jnp.sum(_target_logprobs(cfg, params, batch, mesh, rules) * mask)
-    loss = nll_sum / jnp.maximum(jnp.sum(mask), 1.0)
-    return loss, {"loss": loss, "nll_sum": nll_sum, "token_count": jnp.sum(mask)}
-
-
-def rl_loss_fn(cfg, params, batch, mesh=None, rules=sharding.DEFAULT_RULES, **grpo_kwargs):
-    """Returns (GRPO loss, metrics) of one micro-batch; completion_mask/old_logprobs [B, L-1], advantages [B]."""
-    logprobs = _target_logprobs(cfg, params, batch, mesh, rules)
-    return losses.grpo_loss(logprobs, batch["old_logprobs"], batch["advantages"], batch["completion_mask"], **grpo_kwargs)
-
-
-def make_update_step(cfg, optimizer, loss_fn, params_shardings=None):
-    """Returns step(state, batch) -> (state, metrics): gradients summed over the micro-batches
-    on batch's leading axis [A, ...], averaged, then one optimizer update."""
-
-    def step(state, batch):
-        params = state["params"]
-
-        def micro(grads, mb):
-            (_, metrics), g = jax.value_and_grad(functools.partial(loss_fn, cfg), has_aux=True)(params, mb)
-            return jax.tree.map(jnp.add, grads, g), metrics
-
-        grads = jax.tree.map(jnp.zeros_like, params)
-        if params_shardings is not None:
-            # The scan carry would otherwise be free to live replicated: a full model's grads per device.
-            grads = jax.lax.with_sharding_constraint(grads, params_shardings)
-        grads, metrics = jax.lax.scan(micro, grads, batch)
-        num_micro = jax.tree.leaves(batch)[0].shape[0]
-        grads = jax.tree.map(lambda g: g / num_micro, grads)
-        updates, opt_state = optimizer.update(grads, state["opt_state"], params)
-        new_state = dict(state, params=optax.apply_updates(params, updates), opt_state=opt_state, step=state["step"] + 1)
-        return new_state, jax.tree.map(jnp.mean, metrics)
-
-    return step
-
-
-def decode_step(cfg, params, cache, key_valid, tokens, positions, write_index):
-    """Returns (cache, key_valid, next_tokens [B], logprobs [B]) of one greedy step of tokens [B, 1] at slot write_index.
-
-    cache {"k","v"} [layers, B, S, K, H]; key_valid [B, S]; positions [3, B, 1].
-    """
-    key_valid = jax.lax.dynamic_update_slice_in_dim(key_valid, jnp.ones_like(key_valid[:, :1]), write_index, axis=1)
-    logits, aux = model.apply(cfg, params, tokens, jnp.ones_like(tokens), positions,
-                              cache=cache, key_valid=key_valid, write_index=write_index)
-    logprobs = jax.nn.log_softmax(logits[:, -1])  # [B, V]
-    next_tokens = jnp.argmax(logprobs, axis=-1)
-    return aux["cache"], key_valid, next_tokens, jnp.take_along_axis(logprobs, next_tokens[:, None], -1)[:, 0]
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -126,9 +84,10 @@ def _sds(shape, dtype, sharding_):
     return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=sharding_)
 
 
-def _compile(fn, *args):
+def _compile(jitted, *args, **kwargs):
+    """Returns (XLA's memory analysis, compile seconds) of a jitted function on abstract arguments."""
     t0 = time.perf_counter()
-    compiled = fn.lower(*args).compile()
+    compiled = jitted.lower(*args, **kwargs).compile()
     return compiled.memory_analysis(), time.perf_counter() - t0
 
 
@@ -148,14 +107,16 @@ def _activation_estimate(cfg, rows, length, tensor):
 
 def _vision_inputs(cfg, mesh, rows, image_patches, lead=()):
     """Returns abstract (pixel_values [*lead, P, patch_dim], VisionMeta) of `rows` square images of
-    image_patches patches each, laid out (and replicated) as the trainers feed them."""
+    image_patches patches each, laid out (and replicated) as the trainers feed them; image_patches=0
+    gives one inert padding patch (SFT batches without images keep P >= 1)."""
     side = int(round(image_patches ** 0.5))
     if side * side != image_patches or side % cfg.vision.spatial_merge_size:
         raise ValueError(f"--image-patches={image_patches} must be a square of a multiple of {cfg.vision.spatial_merge_size}")
-    total = rows * image_patches
-    meta = vision_metadata(cfg.vision, np.array([[1, side, side]] * rows), pad_to=total)
+    grid = np.array([[1, side, side]] * rows if image_patches else np.zeros((0, 3), np.int64))
+    total = max(rows * image_patches, 1)
+    meta = vision_metadata(cfg.vision, grid, pad_to=total)
     whole = sharding.replicated(mesh)
-    pixels = _sds((*lead, total, cfg.vision.patch_dim), cfg.dtype, whole)
+    pixels = _sds((*lead, total, cfg.vision.patch_dim), jnp.float32, whole)  # host float32, as processed
     return pixels, jax.tree.map(lambda x: _sds((*lead, *x.shape), x.dtype, whole), meta)
 
 
@@ -171,13 +132,52 @@ def _vision_estimate(cfg, patches, row_len, ways, *, training=True):
     return saved + block + scores
 
 
-def _grpo_trainer_row(cfg, mesh, rules, state, state_sh, p_bytes, o_bytes, *, images, accum, num_samples,
-                      prompt_length, new_tokens, image_patches):
+def _optimizer(lr):
+    """Returns the trainers' optimiser (`state.make_optimizer`: clipping, then AdamW on the schedule)."""
+    opt = ml_collections.ConfigDict(dict(lr=lr, warmup_ratio=0.05, end_lr_ratio=0.1, b1=0.9, b2=0.999, eps=1e-8,
+                                         weight_decay=0.0, grad_clip_norm=1.0))
+    return state_lib.make_optimizer(opt, total_steps=1000)
+
+
+def _train_state(cfg, mesh, optimizer, rules):
+    """Returns (abstract train state {"params", "opt_state", "step", "rng"} on its shardings, the shardings)."""
+    state_sh = sharding.train_state_shardings(cfg, mesh, optimizer, rules, with_momentum=False)
+    return step_lib.abstract_state(cfg, optimizer, state_sh), state_sh
+
+
+def _sft_row(cfg, mesh, rules, optimizer, held, *, global_rows, accum, length, image_patches):
+    """Returns the Row of the SFT trainer's jitted step (`sft.make_train_step`) on a batch laid out
+    as `sft.micro_batches` + `sft.device_batch` lay it out (rows on dim 1 after the micro-batch axis)."""
+    state, state_sh = _train_state(cfg, mesh, optimizer, rules)
+    micro = global_rows // accum
+    rows = lambda shape, dim: _sds(shape, jnp.int32, sharding.batch_sharding(mesh, shape, dim, rules))
+    batch = {k: rows((accum, micro, length), 1) for k in ("input_ids", "attention_mask", "loss_mask")}
+    batch["role"] = rows((accum, micro), 1)
+    batch["positions"] = rows((accum, 3, micro, length), 2)
+    data_ways, tensor = sharding.batch_ways(mesh, rules), mesh.shape.get("tensor", 1)
+    analytic = {"params": held["params"], "grads": held["params"], "adam": held["adam"],
+                "activations": _activation_estimate(cfg, micro // data_ways, length, tensor)}
+    # micro_batches always gives the step P >= 1 patch slots (host float32), even without images.
+    pixel_values, vision = _vision_inputs(cfg, mesh, micro, image_patches, (accum,))
+    batch["pixel_values"], batch["vision"] = pixel_values, vision
+    if image_patches:
+        analytic["vision"] = _vision_estimate(cfg, micro * image_patches, vision.row_len, data_ways)
+    step = sft.make_train_step(cfg, optimizer, mesh, state_sh)
+    mem, secs = _compile(step, state, batch)
+    images = f", {image_patches} patches/row" if image_patches else ""
+    return Row("SFT step (sft.train_step)", f"{global_rows} rows x {length} tok{images}, {accum} micro",
+               mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes, mem.temp_size_in_bytes,
+               analytic, secs)
+
+
+def _grpo_row(cfg, mesh, rules, optimizer, held, *, images, accum, num_samples, prompt_length, new_tokens,
+              image_patches):
     """Returns the Row of the RL trainer's jitted update (`rl.make_grpo_step`) on a batch laid out
     as `rl.train_batch` + `rl.place_batch` lay it out: each micro-batch's prompts encoded once and
     their cache repeated for the N captions (`sampling.completion_logprobs`)."""
     from mocojax.train import rl as rl_lib  # the trainer pulls in the data pipeline; only this row needs it
 
+    state, state_sh = _train_state(cfg, mesh, optimizer, rules)
     groups = images // accum
     captions = groups * num_samples
     rows = lambda shape, dim, dtype=jnp.int32: _sds(shape, dtype, sharding.batch_sharding(mesh, shape, dim, rules, strict=False))
@@ -188,29 +188,25 @@ def _grpo_trainer_row(cfg, mesh, rules, state, state_sh, p_bytes, o_bytes, *, im
              "old_logprobs": rows((accum, captions, new_tokens), 1, jnp.float32),
              "mask": rows((accum, captions, new_tokens), 1), "advantages": rows((accum, captions), 1, jnp.float32),
              "weight": _sds((accum,), jnp.float32, sharding.replicated(mesh))}
-    settings = dict(clip_eps=0.2, clip_eps_high=0.2, kl_beta=0.0, aggregation="seq_mean_token_mean",
-                    num_samples=num_samples)
-    optimizer = optax.adamw(1e-6, weight_decay=0.0)
-    policy_sh = {k: v for k, v in state_sh.items() if k != "momentum"}
-    policy = {k: v for k, v in state.items() if k != "momentum"}
-    step = rl_lib.make_grpo_step(cfg, optimizer, _Settings(**settings), policy_sh, mesh)
-    mem, secs = _compile(step, policy, batch, None)
+    settings = _Settings(clip_eps=0.2, clip_eps_high=0.2, kl_beta=0.0, aggregation="seq_mean_token_mean",
+                         num_samples=num_samples)
+    step = rl_lib.make_grpo_step(cfg, optimizer, settings, state_sh, mesh)
+    mem, secs = _compile(step, state, batch, None)
     data_ways = sharding.batch_ways(mesh, rules)
     tensor = mesh.shape.get("tensor", 1)
     # Per device: the captions' rows (prompt cache repeated N times, then the caption tokens).
     per_device = -(-captions // data_ways)
-    analytic = {"params": p_bytes, "grads": p_bytes, "adam": o_bytes,
+    analytic = {"params": held["params"], "grads": held["params"], "adam": held["adam"],
                 "activations": _activation_estimate(cfg, per_device, new_tokens, tensor)
                 + _activation_estimate(cfg, groups, prompt_length, tensor)}
     if image_patches:
         analytic["vision"] = _vision_estimate(cfg, groups * image_patches, vision.row_len, data_ways)
     images_note = f", {image_patches} patches each" if image_patches else ""
     # The momentum copy is not an argument of the step but stays on the device beside it.
-    momentum_bytes = sharding.per_device_bytes(state["momentum"], state_sh["momentum"])
-    return Row("RL update (trainer's grpo_step)",
+    return Row("RL update (rl.grpo_step)",
                f"{images} images x {num_samples} captions x {new_tokens} tok after {prompt_length}-tok prompts"
                f"{images_note}, {accum} micro", mem.argument_size_in_bytes, mem.output_size_in_bytes,
-               mem.alias_size_in_bytes, mem.temp_size_in_bytes, analytic, secs, beside=momentum_bytes)
+               mem.alias_size_in_bytes, mem.temp_size_in_bytes, analytic, secs, beside=held["momentum"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,113 +220,75 @@ class _Settings:
     num_samples: int
 
 
-def plan(cfg, mesh, rules, *, sft_global_batch, rl_rows_per_device, rl_accum, length, decode_rows_per_device, cache_length,
-         image_patches=0, prompt_length=1024, num_samples=16, rl_images=8, rl_new_tokens=512, lr=1e-5):
-    """Returns a list of Rows for the SFT step, the RL update, a sampler prefill and a decode step of cfg on mesh.
-
-    image_patches > 0 gives every training row and every prompt one square image of that many
-    patches (its image tokens count in `length`); 0 leaves the vision tower out. rl_new_tokens > 0
-    adds the RL trainer's own update (`train.rl.grpo_step`) on rl_images groups of num_samples
-    captions of rl_new_tokens tokens after prompts of prompt_length tokens.
-    """
+def _sampler_rows(cfg, mesh, rules, params, held, *, rows, cache_length, prompt_length, num_samples, image_patches):
+    """Returns the Rows of the sampler's jitted prefill (`sampling.prefill`: the rows / N prompts of
+    one call, one image each, encoded once and their cache repeated N times) and its jitted decode
+    loop (`sampling.decode`, the cache donated) over the rest of the cache."""
     data_ways = sharding.batch_ways(mesh, rules)
     tensor = mesh.shape.get("tensor", 1)
-    optimizer = optax.adamw(lr, weight_decay=0.0)
-    state_sh = sharding.train_state_shardings(cfg, mesh, optimizer, rules)
-    abstract = model.abstract_params(cfg)
-    state = {
-        "params": abstract,
-        "opt_state": jax.eval_shape(optimizer.init, abstract),
-        "momentum": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), abstract),
-        "step": jax.ShapeDtypeStruct((), jnp.int32),
-        "rng": jax.ShapeDtypeStruct((2,), jnp.uint32),
-    }
-    state = jax.tree.map(lambda x, s: _sds(x.shape, x.dtype, s), state, state_sh)
-    p_bytes = sharding.per_device_bytes(abstract, state_sh["params"])
-    m_bytes = sharding.per_device_bytes(state["momentum"], state_sh["momentum"])
-    o_bytes = sharding.per_device_bytes(state["opt_state"], state_sh["opt_state"])
-    rows = []
-
-    def train_row(name, loss_fn, global_rows, accum, extra):
-        micro = global_rows // accum
-        shapes = {"input_ids": ((accum, micro, length), jnp.int32), "attention_mask": ((accum, micro, length), jnp.int32),
-                  "positions": ((accum, 3, micro, length), jnp.int32), **extra(accum, micro)}
-        dims = {"positions": 2, "advantages": 1}
-        batch = {k: _sds(s, d, sharding.batch_sharding(mesh, s, dims.get(k, 1), rules)) for k, (s, d) in shapes.items()}
-        vision = {}
-        if image_patches:
-            batch["pixel_values"], batch["vision"] = _vision_inputs(cfg, mesh, micro, image_patches, (accum,))
-            vision = {"vision": _vision_estimate(cfg, micro * image_patches, batch["vision"].row_len, data_ways)}
-        step = make_update_step(cfg, optimizer, functools.partial(loss_fn, mesh=mesh, rules=rules), state_sh["params"])
-        jitted = sharding.jit_train_step(step, state_sh, jax.tree.map(lambda x: x.sharding, batch), mesh)
-        mem, secs = _compile(jitted, state, batch)
-        analytic = {"params": p_bytes, "grads": p_bytes, "adam": o_bytes, "momentum": m_bytes,
-                    "activations": _activation_estimate(cfg, micro // data_ways, length, tensor), **vision}
-        images = f", {image_patches} patches/row" if image_patches else ""
-        rows.append(Row(name, f"{global_rows} rows x {length} tok{images}, {accum} micro", mem.argument_size_in_bytes,
-                        mem.output_size_in_bytes, mem.alias_size_in_bytes, mem.temp_size_in_bytes, analytic, secs))
-
-    train_row("SFT step", sft_loss_fn, sft_global_batch, 1,
-              lambda a, b: {"loss_mask": ((a, b, length), jnp.int32)})
-    rl_rows = rl_rows_per_device * data_ways * rl_accum
-    train_row("RL update (GRPO)", rl_loss_fn, rl_rows, rl_accum,
-              lambda a, b: {"completion_mask": ((a, b, length - 1), jnp.int32), "old_logprobs": ((a, b, length - 1), jnp.float32),
-                            "advantages": ((a, b), jnp.float32)})
-    if rl_new_tokens:
-        rows.append(_grpo_trainer_row(cfg, mesh, rules, state, state_sh, p_bytes, o_bytes, images=rl_images,
-                                      accum=rl_accum, num_samples=num_samples, prompt_length=prompt_length,
-                                      new_tokens=rl_new_tokens, image_patches=image_patches))
-
-    t = cfg.text
-    b = decode_rows_per_device * data_ways
-    # Sampler prefill: the b / N prompts of one sampling call (one image each), encoded once, their
-    # cache repeated N times (sampling.prefill_core), reserving the rest of the cache for decoding.
-    prompts = max(b // num_samples, 1)
+    prompts = max(rows // num_samples, 1)
     reserve = cache_length - prompt_length
     prompt_rows = lambda shape, dim: _sds(shape, jnp.int32, sharding.batch_sharding(mesh, shape, dim, rules, strict=False))
     pixel_values, vision = (_vision_inputs(cfg, mesh, prompts, image_patches) if image_patches else (None, None))
     prompt = sampling.Prompt(prompt_rows((prompts, prompt_length), 0), prompt_rows((prompts, prompt_length), 0),
                              prompt_rows((3, prompts, prompt_length), 1), prompt_rows((prompts,), 0), pixel_values, vision)
-    prefill_out = jax.eval_shape(functools.partial(sampling.prefill_core, cfg, reserve=reserve, num_samples=num_samples),
-                                 state["params"], prompt)
-    cache_sh = sharding.kv_cache_shardings(mesh, prefill_out.cache["k"].shape, rules)
-    row_sh = lambda x, dim=0: sharding.batch_sharding(mesh, x.shape, dim, rules)
-    prefix_sh = sampling.Prefix(cache_sh, row_sh(prefill_out.key_valid), row_sh(prefill_out.next_position),
-                                row_sh(prefill_out.last_logits), prefill_out.next_slot)
-    jitted = jax.jit(functools.partial(sampling.prefill_core, cfg, reserve=reserve, num_samples=num_samples),
-                     out_shardings=prefix_sh)
-    mem, secs = _compile(jitted, state["params"], prompt)
+    mem, secs = _compile(sampling.prefill_jit, cfg, params, prompt, reserve=reserve, num_samples=num_samples)
+    prefix = jax.eval_shape(functools.partial(sampling.prefill_core, cfg, reserve=reserve, num_samples=num_samples),
+                            params, prompt)
+    cache_sh = sharding.kv_cache_shardings(mesh, prefix.cache["k"].shape, rules)
+    cache_bytes = sharding.per_device_bytes(prefix.cache, cache_sh)
     images = f", {image_patches} patches each" if image_patches else ""
-    prefill_analytic = {"params": p_bytes, "kv_cache": sharding.per_device_bytes(prefill_out.cache, cache_sh)}
+    prefill_analytic = {"params": held["params"], "kv_cache": cache_bytes}
     if image_patches:
         prefill_analytic["vision"] = _vision_estimate(cfg, prompts * image_patches, vision.row_len, data_ways,
                                                       training=False)
     # During RL the sampler runs while the trainer holds Adam's moments and the momentum copy.
-    held = o_bytes + m_bytes
-    rows.append(Row("sampler prefill", f"{prompts} prompts x {prompt_length} tok{images}, x{num_samples} samples",
-                    mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes,
-                    mem.temp_size_in_bytes, prefill_analytic, secs, beside=held))
+    beside = held["adam"] + held["momentum"]
+    out = [Row("sampler prefill", f"{prompts} prompts x {prompt_length} tok{images}, x{num_samples} samples",
+               mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes,
+               mem.temp_size_in_bytes, prefill_analytic, secs, beside=beside)]
 
-    cache_shape = (t.num_hidden_layers, b, cache_length, t.num_key_value_heads, t.head_dim)
-    cache_sh = sharding.kv_cache_shardings(mesh, cache_shape, rules)
-    cache = {k: _sds(cache_shape, cfg.dtype, s) for k, s in cache_sh.items()}
-    key_valid = _sds((b, cache_length), jnp.int32, sharding.batch_sharding(mesh, (b, cache_length), 0, rules))
-    tokens = _sds((b, 1), jnp.int32, sharding.batch_sharding(mesh, (b, 1), 0, rules))
-    positions = _sds((3, b, 1), jnp.int32, sharding.batch_sharding(mesh, (3, b, 1), 1, rules))
-    write_index = _sds((), jnp.int32, sharding.replicated(mesh))
-    row_sh = sharding.batch_sharding(mesh, (b,), 0, rules)
-    jitted = jax.jit(
-        functools.partial(decode_step, cfg),
-        in_shardings=(state_sh["params"], cache_sh, key_valid.sharding, tokens.sharding, positions.sharding, write_index.sharding),
-        out_shardings=(cache_sh, key_valid.sharding, row_sh, row_sh),
-        donate_argnums=(1, 2),
-    )
-    mem, secs = _compile(jitted, state["params"], cache, key_valid, tokens, positions, write_index)
-    cache_bytes = sharding.per_device_bytes(cache, cache_sh)
-    rows.append(Row("decode step", f"{b} rows, cache {cache_length}", mem.argument_size_in_bytes, mem.output_size_in_bytes,
-                    mem.alias_size_in_bytes, mem.temp_size_in_bytes,
-                    {"params": p_bytes, "kv_cache": cache_bytes, "logits": b // data_ways * t.vocab_size // tensor * 4 * 2}, secs,
-                    beside=held))
+    rows_of = lambda x, dtype=None: _sds(x.shape, dtype or x.dtype, sharding.batch_sharding(mesh, x.shape, 0, rules, strict=False))
+    cache = {k: _sds(v.shape, v.dtype, cache_sh[k]) for k, v in prefix.cache.items()}
+    prefix = sampling.Prefix(None, rows_of(prefix.key_valid), rows_of(prefix.next_position), rows_of(prefix.last_logits),
+                             prefix.next_slot)
+    sampler = sampling.Sampler(max_new_tokens=reserve, temperature=1.0)
+    rng = jax.eval_shape(lambda: jax.random.key(0))
+    rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(mesh))
+    mem, secs = _compile(sampling.decode_jit, cfg, cache, params, prefix, rng, sampler=sampler)
+    total = prompts * num_samples
+    out.append(Row("sampler decode loop", f"{total} rows, cache {cache_length}, {reserve} new tokens",
+                   mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes,
+                   mem.temp_size_in_bytes,
+                   {"params": held["params"], "kv_cache": cache_bytes,
+                    "logits": total // data_ways * cfg.text.vocab_size // tensor * 4 * 2}, secs, beside=beside))
+    return out
+
+
+def plan(cfg, mesh, rules, *, sft_global_batch, rl_accum, length, decode_rows_per_device, cache_length,
+         image_patches=0, prompt_length=1024, num_samples=16, rl_images=8, rl_new_tokens=512, lr=1e-5):
+    """Returns a list of Rows for the SFT step, the RL update, the sampler's prefill and decode loop of cfg on mesh.
+
+    image_patches > 0 gives every training row and every prompt one square image of that many
+    patches (its image tokens count in `length`); 0 leaves the vision tower out. rl_new_tokens > 0
+    adds the RL update (`train.rl.grpo_step`) on rl_images groups of num_samples captions of
+    rl_new_tokens tokens after prompts of prompt_length tokens.
+    """
+    optimizer = _optimizer(lr)
+    state, state_sh = _train_state(cfg, mesh, optimizer, rules)
+    momentum_copy = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), state["params"])
+    held = {"params": sharding.per_device_bytes(state["params"], state_sh["params"]),
+            "adam": sharding.per_device_bytes(state["opt_state"], state_sh["opt_state"]),
+            "momentum": sharding.per_device_bytes(momentum_copy, state_sh["params"])}
+    rows = [_sft_row(cfg, mesh, rules, optimizer, held, global_rows=sft_global_batch, accum=1, length=length,
+                     image_patches=image_patches)]
+    if rl_new_tokens:
+        rows.append(_grpo_row(cfg, mesh, rules, optimizer, held, images=rl_images, accum=rl_accum,
+                              num_samples=num_samples, prompt_length=prompt_length, new_tokens=rl_new_tokens,
+                              image_patches=image_patches))
+    rows += _sampler_rows(cfg, mesh, rules, state["params"], held,
+                          rows=decode_rows_per_device * sharding.batch_ways(mesh, rules), cache_length=cache_length,
+                          prompt_length=prompt_length, num_samples=num_samples, image_patches=image_patches)
     return rows
 
 
@@ -360,7 +318,6 @@ def main(argv=None):
                         help="positions per chunk of the training log-softmax (0: all at once)")
     parser.add_argument("--length", type=int, default=2048, help="tokens per training row (image tokens included)")
     parser.add_argument("--sft-global-batch", type=int, default=64)
-    parser.add_argument("--rl-rows-per-device", type=int, default=8)
     parser.add_argument("--rl-accum", type=int, default=2)
     parser.add_argument("--decode-rows-per-device", type=int, default=16, help="rows sampled at once (8 images x 16 samples over 8 devices)")
     parser.add_argument("--cache-length", type=int, default=2048)
@@ -378,7 +335,7 @@ def main(argv=None):
     mesh = sharding.make_mesh(args.mesh)
     cfg = sharding.model_config(cfg, mesh)
     t0 = time.perf_counter()
-    rows = plan(cfg, mesh, sharding.DEFAULT_RULES, sft_global_batch=args.sft_global_batch, rl_rows_per_device=args.rl_rows_per_device,
+    rows = plan(cfg, mesh, sharding.DEFAULT_RULES, sft_global_batch=args.sft_global_batch,
                 rl_accum=args.rl_accum, length=args.length, decode_rows_per_device=args.decode_rows_per_device,
                 cache_length=args.cache_length, image_patches=args.image_patches, prompt_length=args.prompt_length,
                 num_samples=args.num_samples, rl_images=args.rl_images, rl_new_tokens=args.rl_new_tokens)

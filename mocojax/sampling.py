@@ -270,20 +270,22 @@ def completion_logprobs(cfg: ModelConfig, params, prompt: Prompt, completion, co
     return extend_core(cfg, params, prefix, completion, completion_mask, with_logprobs=True)[1]
 
 
-_prefill_jit = jax.jit(prefill_core, static_argnames=("cfg", "reserve", "num_samples"))
+# The jitted programs `prefill` / `extend` / `decode` / `sequence_logprobs` run (the memory plan
+# lowers prefill_jit and decode_jit ahead of time).
+prefill_jit = jax.jit(prefill_core, static_argnames=("cfg", "reserve", "num_samples"))
 _extend_jit = jax.jit(extend_core, static_argnames=("cfg", "with_logprobs"), donate_argnames=("prefix",))
 def _decode_in_place(cfg, cache, params, prefix, rng, sampler):
     # The cache goes in as its own argument so that donating it lets the loop write it in place.
     return decode_core(cfg, params, dataclasses.replace(prefix, cache=cache), rng, sampler=sampler)
 
 
-_decode_jit = jax.jit(_decode_in_place, static_argnames=("cfg", "sampler"), donate_argnames=("cache",))
+decode_jit = jax.jit(_decode_in_place, static_argnames=("cfg", "sampler"), donate_argnames=("cache",))
 _score_jit = jax.jit(completion_logprobs, static_argnames=("cfg", "num_samples"))
 
 
 def program_counts() -> dict[str, int]:
     """Returns how many programs prefill / extend / decode / score hold compiled in this process."""
-    jitted = {"prefill": _prefill_jit, "extend": _extend_jit, "decode": _decode_jit, "score": _score_jit}
+    jitted = {"prefill": prefill_jit, "extend": _extend_jit, "decode": decode_jit, "score": _score_jit}
     return {name: fn._cache_size() for name, fn in jitted.items()}
 
 
@@ -378,7 +380,7 @@ def prefill(cfg: ModelConfig, params, input_ids, attention_mask=None, pixel_valu
     """Returns the Prefix [B*N rows] of B left-padded prompts, each encoded once, with `reserve` free slots."""
     prompt = prepare_prompt(cfg, input_ids, attention_mask, pixel_values, image_grid_thw, reserve=reserve)
     prompt = place_prompt(sharding.mesh_of(params), prompt)
-    return _prefill_jit(cfg, params, prompt, reserve=reserve, num_samples=num_samples)
+    return prefill_jit(cfg, params, prompt, reserve=reserve, num_samples=num_samples)
 
 
 def extend(cfg: ModelConfig, params, prefix: Prefix, tokens, mask) -> Prefix:
@@ -395,7 +397,7 @@ def decode(cfg: ModelConfig, params, prefix: Prefix, *, max_new_tokens: int, tem
     sampler, rng = _sampler(max_new_tokens, temperature, top_k, top_p, eos_token_ids, pad_id, rng)
     _check_room(prefix, max_new_tokens)
     rng = _place_key(sharding.mesh_of(params), rng)
-    out, _ = _decode_jit(cfg, prefix.cache, params, dataclasses.replace(prefix, cache=None), rng, sampler=sampler)
+    out, _ = decode_jit(cfg, prefix.cache, params, dataclasses.replace(prefix, cache=None), rng, sampler=sampler)
     return out
 
 

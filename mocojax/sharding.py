@@ -1,9 +1,10 @@
 """Device mesh, logical-axis rules, and the shardings of parameters, train state, batches and KV cache.
 
-Sharding lives in the config, not in the model (big_vision style). The model names every
-parameter dim with a logical axis (`model.param_axes`); a config list of
-(logical_name, mesh_axis) rules maps those names to mesh axes; optimizer state, momentum,
-batches and the KV cache derive their shardings from the same rules.
+Sharding lives outside the model. The model names every parameter dim with a logical axis
+(`model.param_axes`); a list of (logical_name, mesh_axes) rules maps those names to mesh axes;
+optimizer state, momentum, batches and the KV cache derive their shardings from the same rules.
+The rules are `DEFAULT_RULES`, fixed in this module (every function takes `rules=` to override
+them); a config chooses only the mesh (`config.mesh`, e.g. "fsdp=4,tensor=2").
 
 How a rule applies to one dim (the contract tests rely on):
 - rule None, or a mesh axis the mesh does not have: the dim is replicated;
@@ -245,21 +246,6 @@ def batch_sharding(mesh: Mesh, shape, batch_dim: int | None = 0, rules: Rules = 
     return NamedSharding(mesh, logical_spec(axes, shape, mesh, rules, strict=("batch",) if strict else ()))
 
 
-def batch_shardings(batch, mesh: Mesh, batch_dims: Mapping[str, int | None] | None = None, *, default_dim: int | None = 0,
-                    rules: Rules = DEFAULT_RULES):
-    """Returns shardings for a dict batch (arrays or ShapeDtypeStructs): each top-level entry's batch dim along the data axes.
-
-    batch_dims names the batch dim of entries where it is not `default_dim`, e.g.
-    {"positions": 1} for positions [3, B, L], {"pixel_values": None} for patch rows that
-    are not per example (replicated).
-    """
-    batch_dims = batch_dims or {}
-    return {
-        key: jax.tree.map(lambda x, d=batch_dims.get(key, default_dim): batch_sharding(mesh, x.shape, d, rules), value)
-        for key, value in batch.items()
-    }
-
-
 def mesh_of(tree) -> Mesh | None:
     """Returns the Mesh a tree's arrays are sharded over (its first leaf's), or None for host
     arrays and single-device arrays: the sampler places its inputs on the params' mesh."""
@@ -273,32 +259,6 @@ def kv_cache_shardings(mesh: Mesh, shape, rules: Rules = DEFAULT_RULES) -> dict:
     """Returns {"k", "v"} shardings of a KV cache [layers, B, S, K, H]: rows on the data axes, kv heads on tensor."""
     sharding = logical_sharding(mesh, KV_CACHE_AXES, shape, rules)
     return {"k": sharding, "v": sharding}
-
-
-def constrain(x: jax.Array, mesh: Mesh, axes: Sequence[str | None], rules: Rules = DEFAULT_RULES) -> jax.Array:
-    """Returns x with its sharding pinned to its logical `axes` (e.g. logits ("batch", "length", "vocab"))."""
-    return jax.lax.with_sharding_constraint(x, logical_sharding(mesh, axes, x.shape, rules))
-
-
-def jit_train_step(step_fn, state_shardings, batch_shardings_, mesh: Mesh, *, static_argnums=()):
-    """Returns jit(step_fn(state, batch) -> (state, metrics)) with explicit shardings; the old state is donated."""
-    return jax.jit(
-        step_fn,
-        in_shardings=(state_shardings, batch_shardings_),
-        out_shardings=(state_shardings, replicated(mesh)),
-        donate_argnums=0,
-        static_argnums=static_argnums,
-    )
-
-
-def jit_ema_update(params_shardings, mesh: Mesh):
-    """Returns momentum.ema_update(momentum, params, m) jitted on the param shardings, momentum donated."""
-    return jax.jit(
-        momentum.ema_update,
-        in_shardings=(params_shardings, params_shardings, replicated(mesh)),
-        out_shardings=params_shardings,
-        donate_argnums=0,
-    )
 
 
 def per_device_bytes(abstract_tree, shardings) -> int:

@@ -107,13 +107,13 @@ def test_shared_prefill_encodes_each_prompt_once(pair, monkeypatch):
     ids, mask, pixels, grid = _prompts("left_padded_batch")
     n = 4
     encoded_rows = []
-    prefill_jit = sampling._prefill_jit
+    prefill_jit = sampling.prefill_jit
 
     def spy(cfg, params, prompt, **kw):
         encoded_rows.append(prompt.input_ids.shape[0])
         return prefill_jit(cfg, params, prompt, **kw)
 
-    monkeypatch.setattr(sampling, "_prefill_jit", spy)
+    monkeypatch.setattr(sampling, "prefill_jit", spy)
     kw = dict(max_new_tokens=16, temperature=1.0, top_k=50, rng=jax.random.key(5))
     shared = sampling.generate(CFG, params, ids, mask, pixels, grid, num_samples=n, **kw)
     assert encoded_rows == [2]

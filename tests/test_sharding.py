@@ -17,12 +17,13 @@ if __name__ == "__main__":
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import AbstractMesh, PartitionSpec as P  # noqa: E402
 
-from mocojax import hf, model, momentum, plan, sampling, sharding  # noqa: E402
+from mocojax import hf, model, momentum, sampling, sharding  # noqa: E402
 
 MESH = AbstractMesh((2, 2, 2), ("data", "fsdp", "tensor"))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,6 +86,15 @@ def test_remat_changes_no_result():
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5 * np.abs(y).max()), ga, gb)
 
 
+def test_plan_fakes_the_mesh_size_from_either_flag_form():
+    from mocojax import plan
+    assert plan.fake_device_count(["--preset", "8b", "--mesh", "fsdp=16"]) == 16
+    assert plan.fake_device_count(["--mesh=fsdp=4,tensor=2"]) == 8
+    assert plan.fake_device_count(["--mesh", "fsdp=4", "--devices", "32"]) == 32
+    assert plan.fake_device_count(["--devices=2", "--mesh=fsdp=8"]) == 2
+    assert plan.fake_device_count([]) == 8
+
+
 def test_sharded_steps_match_single_device_on_8_fake_devices():
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("XLA_FLAGS", None)
@@ -109,16 +119,41 @@ def _inputs(cfg, rng, rows=8, length=16):
             "loss_mask": mask.astype(np.int32), "pixel_values": pixel_values, "vision": inputs.vision}
 
 
-BATCH_DIMS = {"positions": 2, "pixel_values": None, "vision": None}
+RL = dict(grad_accum_steps=2, num_samples=4, adv_eps=1e-6, clip_eps=0.2, clip_eps_high=0.28, kl_beta=0.0,
+          aggregation="seq_mean_token_mean")
 
 
-def _run(cfg, mesh, sft_batch, rl_batch, decode_args, sample_args):
-    """Returns every output the parity test compares, computed on `mesh`."""
+def _rl_batch(cfg, rng, groups=4, new_tokens=6):
+    """Returns the GRPO trainer's batch (`rl.train_batch`) of a hand-made rollout: `groups` image
+    prompts, RL["num_samples"] captions each with varying lengths and rewards."""
+    from mocojax.train import rl, rollout as rollout_lib
+
+    settings = ml_collections.ConfigDict(RL)
+    n = settings.num_samples
+    prompts = _inputs(cfg, rng, rows=groups)
+    prompt = {"input_ids": prompts["input_ids"], "attention_mask": prompts["attention_mask"],
+              "pixel_values": prompts["pixel_values"], "image_grid_thw": np.array([[1, 4, 4]] * groups)}
+    rows = groups * n
+    rollout = rollout_lib.Rollout(
+        ids=list(range(groups)), prompt=prompt, tokens=rng.integers(0, 240, (rows, new_tokens)),
+        logprobs=(-rng.uniform(0.5, 6.0, (rows, new_tokens))).astype(np.float32),
+        lengths=rng.integers(1, new_tokens + 1, rows), captions=[[""] * n] * groups,
+        subsets=np.zeros((groups, 1), int), rubric_texts=[""] * groups, rubrics=[[]] * groups,
+        generator_problems=[[]] * groups, decisions=[[]] * groups, judge_problems=np.zeros((groups, n)),
+        rewards=rng.uniform(size=(groups, n)).astype(np.float32), rubric_ok=np.ones(groups, bool))
+    return rl.train_batch(cfg, rollout, settings, rl.advantages(rollout, settings))
+
+
+def _run(cfg, mesh, sft_batch, rl_batch, sample_args):
+    """Returns every output the parity test compares, computed on `mesh` by the trainers' own steps."""
+    from mocojax.train import rl, sft
+    from mocojax.train import step as step_lib
+
     cfg = sharding.model_config(cfg, mesh)
     # eps well above rounding noise: Adam maps a gradient that is noise, |g| << eps, to ~lr * g / eps
     # instead of ~lr * sign(noise), which would differ between meshes by lr.
     optimizer = optax.adamw(1e-4, eps=1e-6, weight_decay=0.01)
-    state, state_sh = sharding.init_train_state(cfg, mesh, optimizer, jax.random.PRNGKey(0))
+    state, state_sh = sharding.init_train_state(cfg, mesh, optimizer, jax.random.PRNGKey(0), with_momentum=False)
     # Steps donate the state, so every output is copied to the host as soon as it exists.
     out = {"init": jax.tree.map(np.asarray, state["params"])}
     params_sh = state_sh["params"]
@@ -130,31 +165,30 @@ def _run(cfg, mesh, sft_batch, rl_batch, decode_args, sample_args):
     out["logits"] = forward(state["params"], first["input_ids"], first["attention_mask"], first["positions"],
                             first["pixel_values"], first["vision"])[0]
 
-    for name, loss_fn, batch in (("sft", plan.sft_loss_fn, sft_batch), ("rl", plan.rl_loss_fn, rl_batch)):
-        batch_sh = sharding.batch_shardings(batch, mesh, {**BATCH_DIMS, "advantages": 1}, default_dim=1)
-        step = sharding.jit_train_step(plan.make_update_step(cfg, optimizer, functools.partial(loss_fn, mesh=mesh), params_sh),
-                                       state_sh, batch_sh, mesh)
-        for i in range(2):
-            state, metrics = step(state, jax.device_put(batch, batch_sh))
-            out[f"{name}_loss_{i}"] = np.asarray(metrics["loss"])
-        out[f"{name}_params"] = jax.tree.map(np.asarray, state["params"])
-    ema = sharding.jit_ema_update(params_sh, mesh)
-    out["momentum"] = ema(momentum.init_momentum(out["init"]), state["params"], 0.9)
-
-    cache, key_valid, tokens, positions = decode_args
-    cache_sh = sharding.kv_cache_shardings(mesh, cache["k"].shape)
-    rows = sharding.batch_sharding(mesh, tokens.shape[:1])
-    decode = jax.jit(functools.partial(plan.decode_step, cfg), out_shardings=(cache_sh, sharding.batch_sharding(mesh, key_valid.shape), rows, rows),
-                     in_shardings=(params_sh, cache_sh, sharding.batch_sharding(mesh, key_valid.shape),
-                                   sharding.batch_sharding(mesh, tokens.shape), sharding.batch_sharding(mesh, positions.shape, 1),
-                                   sharding.replicated(mesh)))
-    # Decoding starts from the initial params, equal on every mesh, so it compares the decode
-    # step itself rather than the last bits of four optimizer steps, which k_norm amplifies.
-    init = jax.device_put(out["init"], params_sh)
-    out["cache"], out["key_valid"], out["next"], out["logprob"] = decode(init, cache, key_valid, tokens, positions, 5)
+    # The SFT trainer's step (sft.make_train_step) on its own batch placement.
+    sft_step = sft.make_train_step(cfg, optimizer, mesh, state_sh)
+    for i in range(2):
+        state, metrics = sft_step(state, step_lib.place_batch(mesh, sft_batch, sft.BATCH_DIMS))
+        out[f"sft_loss_{i}"] = np.asarray(metrics["loss"])
+    out["sft_params"] = jax.tree.map(np.asarray, state["params"])
+    # The GRPO trainer's step (rl.make_grpo_step) on rl.place_batch.
+    grpo_step = rl.make_grpo_step(cfg, optimizer, ml_collections.ConfigDict(RL), state_sh, mesh)
+    for i in range(2):
+        state, metrics = grpo_step(state, rl.place_batch(mesh, rl_batch), None)
+        assert int(metrics["skipped"]) == 0 and int(metrics["no_signal_skipped"]) == 0
+        out[f"rl_loss_{i}"] = np.asarray(metrics["loss"])
+    out["rl_params"] = jax.tree.map(np.asarray, state["params"])
+    assert jax.tree.all(jax.tree.map(lambda a, s: a.sharding == s, state["params"], params_sh))
+    # The RL loop's EMA (momentum.ema_update through momentum.sync) keeps the params' shardings.
+    phi = momentum.ema_update(jax.device_put(momentum.init_momentum(out["init"]), params_sh), state["params"], 0.9)
+    assert jax.tree.all(jax.tree.map(lambda a, s: a.sharding.is_equivalent_to(s, a.ndim), phi, params_sh))
+    out["momentum"] = phi
 
     # The public sampler on the (sharded) initial params: 3 image prompts, not a multiple of the
-    # 8 data shards, so filler rows are added and dropped; greedy, 2 samples each.
+    # 8 data shards, so filler rows are added and dropped; greedy, 2 samples each. Decoding starts
+    # from the initial params, equal on every mesh, so it compares the sampler itself rather than
+    # the last bits of four optimizer steps, which k_norm amplifies.
+    init = jax.device_put(out["init"], params_sh)
     ids, mask, pixels, grid = sample_args
     out["generate"] = jax.tree.map(np.asarray, sampling.generate(
         cfg, init, ids, mask, pixels, grid, max_new_tokens=6, num_samples=2))
@@ -180,35 +214,22 @@ def _child(mesh_specs):
     assert jax.device_count() == 8, jax.devices()
     cfg = model.tiny()
     rng = np.random.default_rng(0)
-    micro = [_inputs(cfg, rng) for _ in range(2)]
-    sft_batch = jax.tree.map(lambda x: x[None], micro[0])
-    rl_batch = jax.tree.map(lambda *xs: np.stack(xs), *micro)
-    rl_batch["completion_mask"] = rl_batch.pop("loss_mask")[:, :, 1:]
-    rl_batch["old_logprobs"] = (-rng.uniform(0.5, 6.0, rl_batch["completion_mask"].shape)).astype(np.float32)
-    rl_batch["advantages"] = rng.standard_normal((2, 8)).astype(np.float32)
-    t = cfg.text
-    cache_shape = (t.num_hidden_layers, 8, 16, t.num_key_value_heads, t.head_dim)
-    cache = {k: rng.standard_normal(cache_shape).astype(np.float32) for k in ("k", "v")}
-    key_valid = (np.arange(16)[None] < 5).astype(np.int32).repeat(8, 0)
-    key_valid[1::2, :2] = 0
-    decode_args = (cache, key_valid, rng.integers(0, 240, (8, 1)).astype(np.int32),
-                   np.full((3, 8, 1), 5, np.int32))
-
+    sft_batch = jax.tree.map(lambda x: x[None], _inputs(cfg, rng))
+    sft_batch["role"] = rng.integers(0, 3, (1, 8)).astype(np.int32)
+    rl_batch = _rl_batch(cfg, rng)
     prompts = _inputs(cfg, rng, rows=3)
     sample_args = (prompts["input_ids"], prompts["attention_mask"], prompts["pixel_values"], np.array([[1, 4, 4]] * 3))
 
-    reference, _ = _run(cfg, sharding.make_mesh("fsdp=1", devices=jax.devices()[:1]), sft_batch, rl_batch, decode_args,
-                        sample_args)
+    reference, _ = _run(cfg, sharding.make_mesh("fsdp=1", devices=jax.devices()[:1]), sft_batch, rl_batch, sample_args)
     for spec in mesh_specs:
         mesh = sharding.make_mesh(spec)
-        got, state_sh = _run(cfg, mesh, sft_batch, rl_batch, decode_args, sample_args)
+        got, state_sh = _run(cfg, mesh, sft_batch, rl_batch, sample_args)
         sharded = [s for s in jax.tree.leaves(state_sh["params"]) if not s.is_fully_replicated]
         assert len(sharded) > 20, f"{spec}: only {len(sharded)} parameters are sharded"
         for key in reference:
             diff = max(float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0
                        for a, b in zip(jax.tree.leaves(reference[key]), jax.tree.leaves(got[key]), strict=True))
             assert diff <= 1e-5, f"{spec}: {key} differs from one device by {diff:.2e}"
-        assert (reference["next"] == got["next"]).all()
         assert (reference["generate"].tokens == got["generate"].tokens).all()
         assert got["generate"].tokens.shape == (6, 6) and got["score"].shape == (6, 6)
         print(f"{spec}: {len(reference)} outputs match one device (<= 1e-5)", flush=True)

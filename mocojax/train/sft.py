@@ -1,9 +1,10 @@
 """Stage I: shared multi-role SFT. A pure jitted train step and the training loop.
 
-Gradient accumulation is a `lax.scan` over micro-batches inside one jitted step (not
-`optax.MultiSteps`): each micro-batch contributes its NLL *sum*, and the sum of gradients is
-divided once by the global batch's target-token count, so an accumulated step equals the
-unaccumulated step on the same global batch (token-weighted, as `sft_loss` is). MultiSteps
+The step is the trainer core's (`train/step.py`) with the NLL plugged in. Gradient accumulation
+is a `lax.scan` over micro-batches inside one jitted step (not `optax.MultiSteps`): each
+micro-batch contributes its NLL *sum*, and the sum of gradients is divided once by the global
+batch's target-token count, so an accumulated step equals the unaccumulated step on the same
+global batch (every target token weighs the same). MultiSteps
 would average per-micro-batch means (weighting short-target micro-batches up), keep a
 params-sized accumulator in the optimiser state and make one "step" mean several calls.
 """
@@ -177,6 +178,28 @@ def _host_metrics(step_metrics):
     return out
 
 
+def sft_state(config, workdir, setup, cfg, mesh, optimizer, manager):
+    """Returns (train state, checkpoint extra or None, state shardings): the latest SFT checkpoint
+    restored onto the state's shardings, else a fresh state born on them from config.sft.init_stage's
+    checkpoint (e.g. the toy base's vision stage), config.model.init_from, or a fresh init."""
+    state_shardings = sharding.train_state_shardings(cfg, mesh, optimizer, with_momentum=False)
+
+    def init():
+        init_stage = config.sft.get("init_stage", "")
+        if init_stage:
+            params = checkpoint.restore_params(workdir, init_stage, setup.model_config,
+                                               shardings=state_shardings["params"])[0]
+        elif config.model.init_from:
+            params = setup.load_params(place=sharding.placer(cfg, mesh))
+        else:
+            params = None
+        return sharding.init_train_state(cfg, mesh, optimizer, jax.random.key(config.seed),
+                                         params=params, with_momentum=False)[0]
+
+    abstract = step_lib.abstract_state(cfg, optimizer, state_shardings)
+    return (*step_lib.restore_or_init(manager, abstract, init), state_shardings)
+
+
 def run_sft(config, workdir):
     """Runs (or resumes) Stage I as the config says; returns the last step's metrics."""
     sft, data_config = config.sft, config.data
@@ -199,22 +222,7 @@ def run_sft(config, workdir):
 
     data_iter = iter(dataset(train_examples, data_config.seed, None, data_config.group_by_role))
     manager = checkpoint.Manager(workdir, "sft", keep=sft.keep_checkpoints)
-    state_shardings = sharding.train_state_shardings(cfg, mesh, optimizer, with_momentum=False)
-
-    def init():
-        init_stage = sft.get("init_stage", "")
-        if init_stage:  # e.g. "vision": the toy base starts from its pretrained vision tower
-            params = checkpoint.restore_params(workdir, init_stage, setup.model_config,
-                                               shardings=state_shardings["params"])[0]
-        elif config.model.init_from:
-            params = setup.load_params(place=sharding.placer(cfg, mesh))
-        else:
-            params = None
-        return sharding.init_train_state(cfg, mesh, optimizer, jax.random.key(config.seed),
-                                         params=params, with_momentum=False)[0]
-
-    abstract = step_lib.abstract_state(cfg, optimizer, state_shardings)
-    state, extra = step_lib.restore_or_init(manager, abstract, init)
+    state, extra, state_shardings = sft_state(config, workdir, setup, cfg, mesh, optimizer, manager)
     skipped = 0
     if extra is not None:
         data_iter.set_state(extra["data"])
