@@ -157,6 +157,10 @@ def judge_accuracy(rubric_items, caption, decisions):
     return right / len(scored), len(facts) - len(scored)
 
 
+def _no_decisions():
+    return dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
+
+
 def judge_confusion(rubric_items, caption, decisions, by_kind=False):
     """Returns counts {"tp", "fn", "tn", "fp", "unreadable"} of a Judge's decisions on one caption.
 
@@ -168,17 +172,19 @@ def judge_confusion(rubric_items, caption, decisions, by_kind=False):
     counts = {}
     for item, decision in zip(rubric_items, decisions):
         fact = parse_criterion(item.criterion)
-        kind = "unreadable" if fact is None else fact.kind
-        bucket = counts.setdefault(kind if by_kind else "all", dict(tp=0, fn=0, tn=0, fp=0, unreadable=0))
+        bucket = counts.setdefault("unreadable" if fact is None else fact.kind, _no_decisions())
         if fact is None:
             bucket["unreadable"] += 1
             continue
         truth = judge_fact(fact, mentions, background).value
         said = int(getattr(decision, "value", decision))
         bucket[("t" if said == truth else "f") + ("p" if said else "n")] += 1
-    if by_kind:
-        return counts
-    return counts.get("all", dict(tp=0, fn=0, tn=0, fp=0, unreadable=0))
+    return counts if by_kind else pooled_confusion(counts)
+
+
+def pooled_confusion(by_kind):
+    """Returns the confusion counts of {kind: counts} summed over kinds."""
+    return {key: sum(counts[key] for counts in by_kind.values()) for key in _no_decisions()}
 
 
 def balanced_accuracy(counts):

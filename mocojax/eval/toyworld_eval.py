@@ -106,7 +106,6 @@ def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max
 def _judge_scores(examples, outputs):
     """Returns (pooled confusion counts, per-record accuracy, per-record always-"1" accuracy,
     confusion counts per item kind) of Judge outputs on Judge records, against the exact truth."""
-    confusion = dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
     accuracy, always_1, by_kind = [], [], {}
     for e, text in zip(examples, outputs):
         rubric = [roles.RubricItem(*item) for item in e["rubric"]]
@@ -115,9 +114,8 @@ def _judge_scores(examples, outputs):
         always_1.append(toyroles.judge_accuracy(rubric, e["caption"], [1] * len(rubric))[0])
         for kind, counts in toyroles.judge_confusion(rubric, e["caption"], decisions, by_kind=True).items():
             for key, count in counts.items():
-                confusion[key] += count
                 by_kind.setdefault(kind, dict.fromkeys(counts, 0))[key] += count
-    return confusion, accuracy, always_1, by_kind
+    return toyroles.pooled_confusion(by_kind), accuracy, always_1, by_kind
 
 
 def within_kind_balanced_accuracy(by_kind):
