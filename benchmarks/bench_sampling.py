@@ -30,9 +30,21 @@ from mocojax import hf, model, sampling  # noqa: E402
 
 CONFIGS = {
     "tiny": model.tiny(),
-    "small": model.tiny(vocab_size=4096, hidden_size=256, num_layers=6, num_heads=8, num_kv_heads=2, head_dim=32,
-                        vision_depth=4, vision_hidden=128, deepstack=(1, 2), image_token_id=4090,
-                        video_token_id=4091, vision_start_token_id=4088, vision_end_token_id=4089),
+    "small": model.tiny(
+        vocab_size=4096,
+        hidden_size=256,
+        num_layers=6,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=32,
+        vision_depth=4,
+        vision_hidden=128,
+        deepstack=(1, 2),
+        image_token_id=4090,
+        video_token_id=4091,
+        vision_start_token_id=4088,
+        vision_end_token_id=4089,
+    ),
 }
 PROMPTS, SAMPLES, NEW_TOKENS, TEXT_LEN, GRID = 4, 16, 64, 48, (1, 16, 16)
 
@@ -40,7 +52,11 @@ PROMPTS, SAMPLES, NEW_TOKENS, TEXT_LEN, GRID = 4, 16, 64, 48, (1, 16, 16)
 def build(cfg):
     """Returns (transformers model, our params) holding the same random weights."""
     torch.manual_seed(0)
-    d = {k: v for k, v in cfg.to_hf_dict().items() if k not in ("architectures", "model_type", "dtype")}
+    d = {
+        k: v
+        for k, v in cfg.to_hf_dict().items()
+        if k not in ("architectures", "model_type", "dtype")
+    }
     ref = Qwen3VLForConditionalGeneration(Qwen3VLConfig(**d)).float().eval()
     with tempfile.TemporaryDirectory() as path:
         ref.save_pretrained(path)
@@ -51,13 +67,23 @@ def build(cfg):
 def prompts(cfg, with_image: bool, rng):
     """Returns (ids [B, L], mask, pixel_values or None, grid or None): text, optionally one image, text."""
     merge = cfg.vision.spatial_merge_size
-    image = [cfg.vision_start_token_id] + [cfg.image_token_id] * (np.prod(GRID) // merge**2) + [cfg.vision_end_token_id]
-    rows = [list(rng.integers(0, cfg.vision_start_token_id, TEXT_LEN // 2)) + (image if with_image else [])
-            + list(rng.integers(0, cfg.vision_start_token_id, TEXT_LEN // 2)) for _ in range(PROMPTS)]
+    image = (
+        [cfg.vision_start_token_id]
+        + [cfg.image_token_id] * (np.prod(GRID) // merge**2)
+        + [cfg.vision_end_token_id]
+    )
+    rows = [
+        list(rng.integers(0, cfg.vision_start_token_id, TEXT_LEN // 2))
+        + (image if with_image else [])
+        + list(rng.integers(0, cfg.vision_start_token_id, TEXT_LEN // 2))
+        for _ in range(PROMPTS)
+    ]
     ids = np.array(rows, np.int64)
     if not with_image:
         return ids, np.ones_like(ids), None, None
-    pixels = rng.standard_normal((PROMPTS * int(np.prod(GRID)), cfg.vision.patch_dim)).astype(np.float32)
+    pixels = rng.standard_normal((PROMPTS * int(np.prod(GRID)), cfg.vision.patch_dim)).astype(
+        np.float32
+    )
     return ids, np.ones_like(ids), pixels, np.array([GRID] * PROMPTS)
 
 
@@ -76,34 +102,70 @@ def best_time(fn, repeats):
 
 def ours(cfg, params, ids, mask, pixels, grid, num_samples):
     def run():
-        out = sampling.generate(cfg, params, ids, mask, pixels, grid, max_new_tokens=NEW_TOKENS,
-                                num_samples=num_samples, temperature=1.0, rng=jax.random.key(0))
+        out = sampling.generate(
+            cfg,
+            params,
+            ids,
+            mask,
+            pixels,
+            grid,
+            max_new_tokens=NEW_TOKENS,
+            num_samples=num_samples,
+            temperature=1.0,
+            rng=jax.random.key(0),
+        )
         jax.block_until_ready(out.tokens)
+
     return run
 
 
 def separate(cfg, params, ids, mask, pixels, grid):
     """Returns a run that prefills the B prompts 16 times (as 16 expanded copies would) and decodes the 64 rows."""
+
     def run():
-        prefixes = [sampling.prefill(cfg, params, ids, mask, pixels, grid, reserve=NEW_TOKENS) for _ in range(SAMPLES)]
-        rows = jax.tree.map(lambda *xs: jnp.concatenate(xs), *[dataclasses.replace(p, cache=None) for p in prefixes])
-        caches = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *[p.cache for p in prefixes])  # rows: axis 1
+        prefixes = [
+            sampling.prefill(cfg, params, ids, mask, pixels, grid, reserve=NEW_TOKENS)
+            for _ in range(SAMPLES)
+        ]
+        rows = jax.tree.map(
+            lambda *xs: jnp.concatenate(xs), *[dataclasses.replace(p, cache=None) for p in prefixes]
+        )
+        caches = jax.tree.map(
+            lambda *xs: jnp.concatenate(xs, axis=1), *[p.cache for p in prefixes]
+        )  # rows: axis 1
         prefix = dataclasses.replace(rows, cache=caches)
-        out = sampling.decode(cfg, params, prefix, max_new_tokens=NEW_TOKENS, temperature=1.0, rng=jax.random.key(0))
+        out = sampling.decode(
+            cfg, params, prefix, max_new_tokens=NEW_TOKENS, temperature=1.0, rng=jax.random.key(0)
+        )
         jax.block_until_ready(out.tokens)
+
     return run
 
 
 def theirs(ref, cfg, ids, mask, pixels, grid):
     inputs = dict(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask))
     if pixels is not None:
-        inputs.update(pixel_values=torch.as_tensor(pixels), image_grid_thw=torch.as_tensor(grid),
-                      mm_token_type_ids=torch.as_tensor((ids == cfg.image_token_id).astype(np.int64)))
+        inputs.update(
+            pixel_values=torch.as_tensor(pixels),
+            image_grid_thw=torch.as_tensor(grid),
+            mm_token_type_ids=torch.as_tensor((ids == cfg.image_token_id).astype(np.int64)),
+        )
 
     def run():
         with torch.no_grad():
-            ref.generate(**inputs, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=SAMPLES,
-                         max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0)
+            ref.generate(
+                **inputs,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                num_return_sequences=SAMPLES,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+
     return run
 
 
@@ -120,16 +182,26 @@ def main():
         ref, params = build(cfg)
         for with_image in (False, True):
             ids, mask, pixels, grid = prompts(cfg, with_image, np.random.default_rng(0))
-            first, ours_s = best_time(ours(cfg, params, ids, mask, pixels, grid, SAMPLES), args.repeats)
+            first, ours_s = best_time(
+                ours(cfg, params, ids, mask, pixels, grid, SAMPLES), args.repeats
+            )
             _, hf_s = best_time(theirs(ref, cfg, ids, mask, pixels, grid), args.repeats)
             label = f"{name} ({model.count_params(params) / 1e6:.1f}M), {'image' if with_image else 'text'}, L={ids.shape[1]}"
             print(label, f"ours {ours_s:.2f} s, transformers {hf_s:.2f} s", flush=True)
-            rows.append(f"| {label} | {tokens / ours_s:,.0f} | {tokens / hf_s:,.0f} | {hf_s / ours_s:.1f}x | {first - ours_s:.1f} s |")
+            rows.append(
+                f"| {label} | {tokens / ours_s:,.0f} | {tokens / hf_s:,.0f} | {hf_s / ours_s:.1f}x | {first - ours_s:.1f} s |"
+            )
             _, separate_s = best_time(separate(cfg, params, ids, mask, pixels, grid), args.repeats)
-            shared_rows.append(f"| {label} | {ours_s:.2f} s | {separate_s:.2f} s | {separate_s / ours_s:.2f}x |")
-    print(f"{PROMPTS} prompts x {SAMPLES} samples x {NEW_TOKENS} new tokens, {jax.devices()[0].device_kind}, "
-          f"{os.cpu_count()} CPU threads\n")
-    print("| config, prompt | mocojax tokens/s | transformers tokens/s | speed-up | mocojax compile |")
+            shared_rows.append(
+                f"| {label} | {ours_s:.2f} s | {separate_s:.2f} s | {separate_s / ours_s:.2f}x |"
+            )
+    print(
+        f"{PROMPTS} prompts x {SAMPLES} samples x {NEW_TOKENS} new tokens, {jax.devices()[0].device_kind}, "
+        f"{os.cpu_count()} CPU threads\n"
+    )
+    print(
+        "| config, prompt | mocojax tokens/s | transformers tokens/s | speed-up | mocojax compile |"
+    )
     print("|---|---|---|---|---|")
     print("\n".join(rows))
     print("\n| config, prompt | shared prefill (N=16) | 16 separate prefills | ratio |")

@@ -1,6 +1,6 @@
 """Batching in mocojax.serve: 16 greedy requests one after another vs all at once (tiny random model).
 
-  JAX_PLATFORMS=cpu python benchmarks/bench_serve.py
+JAX_PLATFORMS=cpu python benchmarks/bench_serve.py
 """
 
 import os
@@ -18,8 +18,15 @@ N, TOKENS = 16, 32
 
 
 def bodies(tag):
-    return [{"messages": [endpoint.user_message(f"Describe scene {tag}{k}.")], "temperature": 0, "max_tokens": TOKENS,
-             "n": 1} for k in range(N)]
+    return [
+        {
+            "messages": [endpoint.user_message(f"Describe scene {tag}{k}.")],
+            "temperature": 0,
+            "max_tokens": TOKENS,
+            "n": 1,
+        }
+        for k in range(N)
+    ]
 
 
 with tempfile.TemporaryDirectory() as tmp, served(tiny_hf_dir(tmp)) as url:
@@ -35,5 +42,7 @@ with tempfile.TemporaryDirectory() as tmp, served(tiny_hf_dir(tmp)) as url:
         replies = client.chat_many(bodies("b"))
         concurrent = time.perf_counter() - start
     tokens = sum(r["usage"]["completion_tokens"] for r in replies)
-    print(f"{N} requests x {TOKENS} max tokens: one at a time {sequential:.2f} s, concurrent {concurrent:.2f} s "
-          f"({sequential / concurrent:.1f}x); concurrent completion tokens {tokens}")
+    print(
+        f"{N} requests x {TOKENS} max tokens: one at a time {sequential:.2f} s, concurrent {concurrent:.2f} s "
+        f"({sequential / concurrent:.1f}x); concurrent completion tokens {tokens}"
+    )

@@ -23,27 +23,57 @@ from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration  # noqa:
 
 from mocojax import model, processing  # noqa: E402
 from mocojax.data import pipeline, toyroles  # noqa: E402
-from mocojax.train import sft  # noqa: E402
-from mocojax.train import state as state_lib  # noqa: E402
+from mocojax.train import (
+    sft,  # noqa: E402
+    state as state_lib,  # noqa: E402
+)
 
 SIZES = {
-    "tiny": dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, vision_depth=1,
-                 vision_hidden=32, deepstack=(0,)),
-    "small": dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32, vision_depth=2,
-                  vision_hidden=64, deepstack=(0, 1)),
+    "tiny": dict(
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        vision_depth=1,
+        vision_hidden=32,
+        deepstack=(0,),
+    ),
+    "small": dict(
+        hidden_size=128,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        vision_depth=2,
+        vision_hidden=64,
+        deepstack=(0, 1),
+    ),
 }
-OPTIMIZER = ml_collections.ConfigDict(dict(lr=1e-4, warmup_ratio=0.0, end_lr_ratio=1.0, b1=0.9, b2=0.999,
-                                           eps=1e-8, weight_decay=0.0, grad_clip_norm=1e9))
+OPTIMIZER = ml_collections.ConfigDict(
+    dict(
+        lr=1e-4,
+        warmup_ratio=0.0,
+        end_lr_ratio=1.0,
+        b1=0.9,
+        b2=0.999,
+        eps=1e-8,
+        weight_decay=0.0,
+        grad_clip_norm=1e9,
+    )
+)
 
 
 def toy_batch():
     """Returns (processor, one padded SFT batch of 8 toy-world rows)."""
     tokenizer_dir = toyroles.build_tokenizer(tempfile.mkdtemp())
-    processor = processing.Processor(processing.load_tokenizer(tokenizer_dir), min_pixels=128 * 128,
-                                     max_pixels=128 * 128)
+    processor = processing.Processor(
+        processing.load_tokenizer(tokenizer_dir), min_pixels=128 * 128, max_pixels=128 * 128
+    )
     examples = toyroles.sft_records(seed=0, num_scenes=2)
-    return processor, next(iter(pipeline.sft_dataset(examples, processor, global_batch_size=8, seed=0,
-                                                     buckets=(640,))))
+    return processor, next(
+        iter(pipeline.sft_dataset(examples, processor, global_batch_size=8, seed=0, buckets=(640,)))
+    )
 
 
 def bench_jax(cfg, batch, steps):
@@ -67,12 +97,14 @@ def bench_torch(cfg, batch, steps):
     hf_model = Qwen3VLForConditionalGeneration(Qwen3VLConfig(**cfg.to_hf_dict())).float().train()
     optimizer = torch.optim.AdamW(hf_model.parameters(), lr=1e-4, weight_decay=0.0)
     labels = np.where(batch["loss_mask"] > 0, batch["input_ids"], -100)
-    inputs = dict(input_ids=torch.tensor(batch["input_ids"], dtype=torch.long),
-                  attention_mask=torch.tensor(batch["attention_mask"]),
-                  pixel_values=torch.tensor(batch["pixel_values"]),
-                  image_grid_thw=torch.tensor(batch["image_grid_thw"]),
-                  mm_token_type_ids=torch.tensor(batch["mm_token_type_ids"]),
-                  labels=torch.tensor(labels, dtype=torch.long))
+    inputs = dict(
+        input_ids=torch.tensor(batch["input_ids"], dtype=torch.long),
+        attention_mask=torch.tensor(batch["attention_mask"]),
+        pixel_values=torch.tensor(batch["pixel_values"]),
+        image_grid_thw=torch.tensor(batch["image_grid_thw"]),
+        mm_token_type_ids=torch.tensor(batch["mm_token_type_ids"]),
+        labels=torch.tensor(labels, dtype=torch.long),
+    )
 
     def one_step():
         optimizer.zero_grad(set_to_none=True)
@@ -96,16 +128,25 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     processor, batch = toy_batch()
     tokens = int(batch["attention_mask"].sum())
-    print(f"batch: {batch['input_ids'].shape} ({tokens} real tokens), {batch['image_grid_thw'].shape[0]} images")
+    print(
+        f"batch: {batch['input_ids'].shape} ({tokens} real tokens), {batch['image_grid_thw'].shape[0]} images"
+    )
     print("| size | params | mocojax tok/s | PyTorch tok/s | ratio |\n|---|---|---|---|---|")
     for size in args.sizes.split(","):
-        cfg = model.tiny(vocab_size=576, image_token_id=processor.image_token_id,
-                         video_token_id=processor.video_token_id,
-                         vision_start_token_id=processor.vision_start_token_id,
-                         vision_end_token_id=processor.vision_end_token_id, **SIZES[size])
+        cfg = model.tiny(
+            vocab_size=576,
+            image_token_id=processor.image_token_id,
+            video_token_id=processor.video_token_id,
+            vision_start_token_id=processor.vision_start_token_id,
+            vision_end_token_id=processor.vision_end_token_id,
+            **SIZES[size],
+        )
         jax_s, torch_s = bench_jax(cfg, batch, args.steps), bench_torch(cfg, batch, args.steps)
-        print(f"| {size} | {model.count_params(model.abstract_params(cfg)):,} | {tokens / jax_s:,.0f} | "
-              f"{tokens / torch_s:,.0f} | {torch_s / jax_s:.2f} |", flush=True)
+        print(
+            f"| {size} | {model.count_params(model.abstract_params(cfg)):,} | {tokens / jax_s:,.0f} | "
+            f"{tokens / torch_s:,.0f} | {torch_s / jax_s:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ def get_config(arg=""):
     config.data.eval_path = ""
     config.data.image_root = ""  # "" : relative to each JSONL file
     config.data.tokenizer = ""  # "" : the checkpoint's own tokenizer
-    config.data.min_pixels = ml_collections.config_dict.placeholder(int)  # None: the processor's defaults
+    config.data.min_pixels = ml_collections.config_dict.placeholder(
+        int
+    )  # None: the processor's defaults
     config.data.max_pixels = 1024 * 28 * 28
     config.data.max_length = 2048
     config.data.length_buckets = (512, 1024, 1536, 2048)
@@ -54,7 +56,9 @@ def get_config(arg=""):
     config.optimizer.b1, config.optimizer.b2, config.optimizer.eps = 0.9, 0.999, 1e-8
     config.optimizer.weight_decay = 0.0
     config.optimizer.grad_clip_norm = 1.0
-    config.optimizer.max_skipped_steps = 10  # fail the run after this many non-finite updates in a row
+    config.optimizer.max_skipped_steps = (
+        10  # fail the run after this many non-finite updates in a row
+    )
     config.data.strict = False  # True: the first bad record stops the run (BadRecord naming it)
 
     config.sft.num_steps = 300

@@ -1,6 +1,6 @@
 """Toy world ablation. Full copy, (m, H) = (0, 1): the roles are the Policy of the previous update (M7).
 
-  python -m mocojax.main --config configs/rl_copy.py --workdir runs/rl_copy
+python -m mocojax.main --config configs/rl_copy.py --workdir runs/rl_copy
 """
 
 from configs import rl_method

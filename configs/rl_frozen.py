@@ -1,6 +1,6 @@
 """Toy world ablation. Frozen roles (m = 1): the Generator and Judge stay the SFT model (M6).
 
-  python -m mocojax.main --config configs/rl_frozen.py --workdir runs/rl_frozen
+python -m mocojax.main --config configs/rl_frozen.py --workdir runs/rl_frozen
 """
 
 from configs import rl_method

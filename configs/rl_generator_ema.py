@@ -1,6 +1,6 @@
 """Toy world ablation. Role ablation: EMA on the Generator only; the Judge stays the SFT model.
 
-  python -m mocojax.main --config configs/rl_generator_ema.py --workdir runs/rl_generator_ema
+python -m mocojax.main --config configs/rl_generator_ema.py --workdir runs/rl_generator_ema
 """
 
 from configs import rl_method

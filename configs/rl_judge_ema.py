@@ -1,6 +1,6 @@
 """Toy world ablation. Role ablation: EMA on the Judge only; the Generator stays the SFT model.
 
-  python -m mocojax.main --config configs/rl_judge_ema.py --workdir runs/rl_judge_ema
+python -m mocojax.main --config configs/rl_judge_ema.py --workdir runs/rl_judge_ema
 """
 
 from configs import rl_method

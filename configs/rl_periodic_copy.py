@@ -1,6 +1,6 @@
 """Toy world ablation. Periodic copy, (m, H) = (0, 5): the roles jump to the Policy every 5 updates.
 
-  python -m mocojax.main --config configs/rl_periodic_copy.py --workdir runs/rl_periodic_copy
+python -m mocojax.main --config configs/rl_periodic_copy.py --workdir runs/rl_periodic_copy
 """
 
 from configs import rl_method

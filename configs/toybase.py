@@ -24,12 +24,18 @@ def get_config(arg=""):
     config.model.init_from = ""  # from random weights
     config.model.tiny = dict(toyworld.BASE_MODEL)
     config.data.tasks = "base"
-    config.data.task_mix = ""  # records per scene and task, e.g. "names=3,attr=3" ("" : toybase.DEFAULT_TASK_MIX)
-    config.data.seed = 0  # toy runs evaluate on other seeds (the export writes toybase.json to say so)
+    config.data.task_mix = (
+        ""  # records per scene and task, e.g. "names=3,attr=3" ("" : toybase.DEFAULT_TASK_MIX)
+    )
+    config.data.seed = (
+        0  # toy runs evaluate on other seeds (the export writes toybase.json to say so)
+    )
     config.data.num_train_scenes = 20000
     config.data.num_eval_scenes = 64
     config.data.length_buckets = (64, 128, 192)
-    config.data.max_patches = None  # every image has 36 patches; a batch takes the next power of two
+    config.data.max_patches = (
+        None  # every image has 36 patches; a batch takes the next power of two
+    )
     config.data.group_by_role = True  # image tasks and text tasks in separate batches
     # Step one (mocojax.train.toyvision): the vision tower learns to label each cell's token.
     config.vision = ml_collections.ConfigDict()
@@ -51,8 +57,16 @@ def get_config(arg=""):
     config.eval.max_new_tokens = 64
     config.export.stage = "sft"
     if arg == "tiny":
-        config.model.tiny = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
-                                 vision_depth=1, vision_hidden=32, deepstack=(0,))
+        config.model.tiny = dict(
+            hidden_size=32,
+            num_layers=2,
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=16,
+            vision_depth=1,
+            vision_hidden=32,
+            deepstack=(0,),
+        )
         config.data.num_train_scenes = 8
         config.data.num_eval_scenes = 2
         config.data.length_buckets = (192,)

@@ -19,8 +19,16 @@ from mocojax.train import rl_config
 
 # The shipped toy base model (configs/toybase.py builds it) and its architecture.
 BASE_DIR = os.path.join(os.path.dirname(assets.__file__), "toybase")
-BASE_MODEL = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
-                  vision_depth=2, vision_hidden=64, deepstack=(0, 1))
+BASE_MODEL = dict(
+    hidden_size=128,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=32,
+    vision_depth=2,
+    vision_hidden=64,
+    deepstack=(0, 1),
+)
 IMAGE_SIZE = 96  # 6x6 patches of 16 px, merged 2x2: 9 image tokens, one per cell of the 3x3 grid
 
 
@@ -35,7 +43,9 @@ def get_config(arg=""):
     # MOCOJAX_* variables of launch/local_multiprocess.sh, then to SLURM / TPU pod detection.
     config.distributed = ml_collections.ConfigDict()
     config.distributed.enabled = False
-    config.distributed.coordinator_address = ml_collections.config_dict.placeholder(str)  # "host:port"
+    config.distributed.coordinator_address = ml_collections.config_dict.placeholder(
+        str
+    )  # "host:port"
     config.distributed.num_processes = ml_collections.config_dict.placeholder(int)
     config.distributed.process_id = ml_collections.config_dict.placeholder(int)
 
@@ -45,12 +55,16 @@ def get_config(arg=""):
     config.model.tiny = dict(BASE_MODEL)
     config.model.param_dtype = "float32"
     config.model.dtype = "float32"
-    config.model.remat = False  # recompute layers in the backward pass (needed at scale; no result changes)
+    config.model.remat = (
+        False  # recompute layers in the backward pass (needed at scale; no result changes)
+    )
     config.model.logits_chunk = 0  # > 0: training log-softmax over this many positions at a time
 
     config.data = ml_collections.ConfigDict()
     config.data.source = "toyworld"
-    config.data.tasks = "roles"  # "roles": the three role prompts; "base": configs/toybase.py's pretraining
+    config.data.tasks = (
+        "roles"  # "roles": the three role prompts; "base": configs/toybase.py's pretraining
+    )
     # Seed 1: the shipped base trained on seeds 0 and 7 (mocojax/assets/toybase/toybase.json),
     # whose held-out scenes it has seen; validation refuses those.
     config.data.seed = 1
@@ -74,7 +88,9 @@ def get_config(arg=""):
     config.data.length_buckets = (128, 384, 512, 640)
     # One role per batch: Policy batches pad to 128 tokens instead of the Generator's 640.
     config.data.group_by_role = True
-    config.data.max_patches = 16 * 36  # one fixed patch count: 16 rows x 36 patches (None: next power of two)
+    config.data.max_patches = (
+        16 * 36
+    )  # one fixed patch count: 16 rows x 36 patches (None: next power of two)
     config.data.strict = False  # user JSONL: False skips bad records and logs counts per reason; True raises on the first
 
     config.optimizer = ml_collections.ConfigDict()
@@ -89,16 +105,22 @@ def get_config(arg=""):
     config.optimizer.max_skipped_steps = 10  # SFT stops after this many non-finite updates in a row
 
     config.sft = ml_collections.ConfigDict()
-    config.sft.num_steps = 400  # 6,400 records from the toy base; the paper: 300 steps x 64 = 19,200
+    config.sft.num_steps = (
+        400  # 6,400 records from the toy base; the paper: 300 steps x 64 = 19,200
+    )
     config.sft.global_batch_size = 16
     config.sft.grad_accum_steps = 1
     config.sft.eval_every = 100
     config.sft.checkpoint_every = 100
     config.sft.keep_checkpoints = 2
-    config.sft.init_stage = ""  # a stage of this workdir whose checkpoint SFT starts from ("" : model.init_from)
+    config.sft.init_stage = (
+        ""  # a stage of this workdir whose checkpoint SFT starts from ("" : model.init_from)
+    )
 
     config.eval = ml_collections.ConfigDict()
-    config.eval.stage = "sft,rl"  # whose latest checkpoints the eval stage scores: eval_<stage>_<step>.json each
+    config.eval.stage = (
+        "sft,rl"  # whose latest checkpoints the eval stage scores: eval_<stage>_<step>.json each
+    )
     config.eval.num_scenes = 200
     config.eval.batch_size = 100
     config.eval.max_new_tokens = 160  # toy rubrics: at most 138 tokens
@@ -112,8 +134,16 @@ def get_config(arg=""):
 
     if arg == "tiny":
         config.model.init_from = ""
-        config.model.tiny = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
-                                 vision_depth=1, vision_hidden=32, deepstack=(0,))
+        config.model.tiny = dict(
+            hidden_size=32,
+            num_layers=2,
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=16,
+            vision_depth=1,
+            vision_hidden=32,
+            deepstack=(0,),
+        )
         config.data.num_train_scenes = 8
         config.data.num_eval_scenes = 2
         config.data.length_buckets = (768,)

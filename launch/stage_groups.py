@@ -17,11 +17,14 @@ import os
 import shlex
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # the repository root
 
 from absl import app  # noqa: E402
 
 from mocojax import main  # noqa: E402  (defines --config and --workdir)
+
 
 def groups(stages):
     """Returns [(kind, stages)] for consecutive stages that run on all processes ("multi") or one ("single")."""
@@ -48,7 +51,11 @@ def _print_groups(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     args = without_stages(sys.argv[1:])
     for kind, stages in groups(main._CONFIG.value.stages):
-        group_args = [*args, f"--config.stages={stages!r}", f"--config.distributed.enabled={kind == 'multi'}"]
+        group_args = [
+            *args,
+            f"--config.stages={stages!r}",
+            f"--config.distributed.enabled={kind == 'multi'}",
+        ]
         print(kind, repr(stages), shlex.join(group_args), sep="\t")
 
 

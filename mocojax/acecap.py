@@ -35,12 +35,18 @@ NOT_GIVEN_TEXT = "Not Given"
 # s_j: the gold letter, E, another letter or an unreadable answer.
 SCORES = {"right": vqa.G2P["right"], "not_given": vqa.G2P["not_given"], "wrong": vqa.G2P["wrong"]}
 # The world's answer domain per question kind (make_scene draws 1-4 objects).
-ANSWER_DOMAINS = {"count": ("1", "2", "3", "4"), "colour": tuple(tw.COLOURS), "size": tw.SIZES,
-                  "place": tw.POSITIONS, "presence": ("yes", "no")}
+ANSWER_DOMAINS = {
+    "count": ("1", "2", "3", "4"),
+    "colour": tuple(tw.COLOURS),
+    "size": tw.SIZES,
+    "place": tw.POSITIONS,
+    "presence": ("yes", "no"),
+}
 
 MCQ_INSTRUCTION = (
     "Answer each question using only the text. One line per question: id | letter. If the text "
-    f"does not say, answer {NOT_GIVEN_LETTER}.")
+    f"does not say, answer {NOT_GIVEN_LETTER}."
+)
 
 # A bare choice: "B", "(b)", "B.", "B)", "Option B", "Answer: B".
 _BARE = re.compile(r"(?:(?:option|answer|choice)\s*:?\s*)?\(?([a-e])\)?[.):]?", re.I)
@@ -66,14 +72,23 @@ def toy_mcq(scene, seed=0):
     for question in vqa.scene_questions(scene):
         domain = ANSWER_DOMAINS[question["kind"]]
         if question["answer"] not in domain:
-            raise ValueError(f"scene {scene.id}: answer {question['answer']!r} to {question['question']!r} "
-                             f"is outside the world's {question['kind']} values {domain}")
+            raise ValueError(
+                f"scene {scene.id}: answer {question['answer']!r} to {question['question']!r} "
+                f"is outside the world's {question['kind']} values {domain}"
+            )
         others = [value for value in domain if value != question["answer"]]
         picked = rng.choice(len(others), size=min(len(LETTERS) - 1, len(others)), replace=False)
         options = [question["answer"]] + [others[int(k)] for k in picked]
         options = tuple(options[int(k)] for k in rng.permutation(len(options)))
-        items.append(MCQItem(question["question"], options, LETTERS[options.index(question["answer"])],
-                             question["kind"], question))
+        items.append(
+            MCQItem(
+                question["question"],
+                options,
+                LETTERS[options.index(question["answer"])],
+                question["kind"],
+                question,
+            )
+        )
     return items
 
 
@@ -91,7 +106,7 @@ def mcq_prompt(items, text):
 
 
 def _offered(item):
-    return LETTERS[:len(item.options)] + NOT_GIVEN_LETTER
+    return LETTERS[: len(item.options)] + NOT_GIVEN_LETTER
 
 
 def parse_choice(raw, item):
@@ -113,14 +128,23 @@ def parse_choice(raw, item):
     with_text = _WITH_TEXT.fullmatch(text)
     if with_text:
         letter, rest = with_text.group(1), with_text.group(2).strip(" .").lower()
-        named = (NOT_GIVEN_TEXT.lower() if letter == NOT_GIVEN_LETTER
-                 else item.options[LETTERS.index(letter)].lower() if letter in _offered(item) else None)
+        named = (
+            NOT_GIVEN_TEXT.lower()
+            if letter == NOT_GIVEN_LETTER
+            else item.options[LETTERS.index(letter)].lower()
+            if letter in _offered(item)
+            else None
+        )
         if named == rest:
             return letter
     if item.kind in ANSWER_DOMAINS:
         value = vqa.normalise_answer(text, item.kind)
     else:
-        value = vqa.NOT_GIVEN if vqa.normalise_answer(text, "") == vqa.NOT_GIVEN else text.strip(" .").lower()
+        value = (
+            vqa.NOT_GIVEN
+            if vqa.normalise_answer(text, "") == vqa.NOT_GIVEN
+            else text.strip(" .").lower()
+        )
     if value == vqa.NOT_GIVEN:
         return NOT_GIVEN_LETTER
     matches = [letter for letter, option in zip(LETTERS, item.options) if option.lower() == value]
@@ -140,8 +164,17 @@ def choice_scores(choices, answers):
     None (unreadable); choices and gold answers [L]."""
     if len(choices) != len(answers):
         raise ValueError(f"{len(choices)} choices for {len(answers)} questions")
-    return np.asarray([SCORES["right"] if c == a else SCORES["not_given"] if c == NOT_GIVEN_LETTER
-                       else SCORES["wrong"] for c, a in zip(choices, answers)], np.float64)
+    return np.asarray(
+        [
+            SCORES["right"]
+            if c == a
+            else SCORES["not_given"]
+            if c == NOT_GIVEN_LETTER
+            else SCORES["wrong"]
+            for c, a in zip(choices, answers)
+        ],
+        np.float64,
+    )
 
 
 def g2p_reward(choices, answers):

@@ -15,7 +15,6 @@ import orbax.checkpoint as ocp
 
 from mocojax import hf, model
 
-
 _READ_ONLY = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False)
 
 
@@ -39,7 +38,9 @@ class Manager:
         self._manager = self._open()
 
     def _open(self):
-        return ocp.CheckpointManager(self._directory, options=self._options, item_names=("params", "state", "extra"))
+        return ocp.CheckpointManager(
+            self._directory, options=self._options, item_names=("params", "state", "extra")
+        )
 
     def _set_aside(self, steps):
         """Moves broken step directories to <stage dir>.broken/<step> and reopens the manager."""
@@ -50,16 +51,25 @@ class Manager:
             if os.path.exists(target):
                 target += f".{len(os.listdir(aside))}"
             os.replace(os.path.join(self._directory, str(step)), target)
-            logging.warning("moved the broken checkpoint %s to %s", os.path.join(self._directory, str(step)), target)
+            logging.warning(
+                "moved the broken checkpoint %s to %s",
+                os.path.join(self._directory, str(step)),
+                target,
+            )
         self._manager.close()
         self._manager = self._open()
 
     def save(self, step, state, extra):
         """Writes checkpoint `step` asynchronously (state arrays are copied before the call returns)."""
         params, rest = _to_storable(state)
-        self._manager.save(step, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params), state=ocp.args.StandardSave(rest),
-            extra=ocp.args.JsonSave(extra)))
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardSave(params),
+                state=ocp.args.StandardSave(rest),
+                extra=ocp.args.JsonSave(extra),
+            ),
+        )
 
     def restore_latest(self, abstract_state):
         """Returns (state, extra) of the latest checkpoint that restores, or None when there is none.
@@ -77,10 +87,14 @@ class Manager:
         rng = abstract_state["rng"]
         data = jax.eval_shape(jax.random.key_data, rng)
         sharding = getattr(rng, "sharding", None) or jax.sharding.NamedSharding(
-            jax.sharding.Mesh(np.asarray(jax.devices()), ("devices",)), jax.sharding.PartitionSpec())
+            jax.sharding.Mesh(np.asarray(jax.devices()), ("devices",)), jax.sharding.PartitionSpec()
+        )
         rest["rng"] = jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
-        args = ocp.args.Composite(params=ocp.args.StandardRestore(params), state=ocp.args.StandardRestore(rest),
-                                  extra=ocp.args.JsonRestore())
+        args = ocp.args.Composite(
+            params=ocp.args.StandardRestore(params),
+            state=ocp.args.StandardRestore(rest),
+            extra=ocp.args.JsonRestore(),
+        )
         step, restored, broken = _restore_newest(self._manager, self._directory, args)
         if step is None:
             return None
@@ -106,12 +120,18 @@ def _restore_newest(manager, directory, args):
             return step, manager.restore(step, args=args), broken
         except Exception as error:  # orbax / tensorstore / json raise many types for a damaged file
             lines = str(error).strip().splitlines() or [""]
-            logging.warning("checkpoint %s does not restore (%s: %s); trying the next older one",
-                            os.path.join(directory, str(step)), type(error).__name__, lines[0][:300])
+            logging.warning(
+                "checkpoint %s does not restore (%s: %s); trying the next older one",
+                os.path.join(directory, str(step)),
+                type(error).__name__,
+                lines[0][:300],
+            )
             broken.append(step)
     if broken:
-        raise RuntimeError(f"no checkpoint under {directory} restores (broken steps {broken}); "
-                           "move or remove them to start over")
+        raise RuntimeError(
+            f"no checkpoint under {directory} restores (broken steps {broken}); "
+            "move or remove them to start over"
+        )
     return None, None, []
 
 
@@ -133,15 +153,21 @@ def restore_params(workdir, stage, cfg, step=None, shardings=None):
     devices it was saved on; otherwise (e.g. a 2-process checkpoint read by one process) they
     come back replicated on every device.
     """
-    replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(jax.devices(), ("devices",)),
-                                            jax.sharding.PartitionSpec())
+    replicated = jax.sharding.NamedSharding(
+        jax.sharding.Mesh(jax.devices(), ("devices",)), jax.sharding.PartitionSpec()
+    )
     abstract = model.abstract_params(cfg)
     if shardings is not None:
-        abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+        abstract = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+        )
     path = stage_dir(workdir, stage)
-    args = ocp.args.Composite(params=ocp.args.StandardRestore(abstract, fallback_sharding=replicated))
-    with ocp.CheckpointManager(path, options=_READ_ONLY,
-                               item_names=("params", "state", "extra")) as manager:
+    args = ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract, fallback_sharding=replicated)
+    )
+    with ocp.CheckpointManager(
+        path, options=_READ_ONLY, item_names=("params", "state", "extra")
+    ) as manager:
         if step is not None:  # an explicit step: no fallback to another one
             return manager.restore(step, args=args)["params"], step
         step, restored, _ = _restore_newest(manager, path, args)

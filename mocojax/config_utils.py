@@ -13,16 +13,21 @@ import jax
 import numpy as np
 
 from mocojax import hf, model, processing, sharding
-from mocojax.data import records as records_lib
-from mocojax.data import toybase, toyroles
+from mocojax.data import records as records_lib, toybase, toyroles
 from mocojax.train import rl_config
 
 DATA_SOURCES = ("toyworld", "jsonl")
 # optimizer.<key>: (low, high, low inclusive, high inclusive), as rl_config.RANGES; all finite.
-OPTIMIZER_RANGES = {"lr": (0.0, None, False, True), "warmup_ratio": (0.0, 1.0, True, False),
-                    "end_lr_ratio": (0.0, 1.0, True, True), "b1": (0.0, 1.0, True, False),
-                    "b2": (0.0, 1.0, True, False), "eps": (0.0, None, False, True),
-                    "weight_decay": (0.0, None, True, True), "grad_clip_norm": (0.0, None, False, True)}
+OPTIMIZER_RANGES = {
+    "lr": (0.0, None, False, True),
+    "warmup_ratio": (0.0, 1.0, True, False),
+    "end_lr_ratio": (0.0, 1.0, True, True),
+    "b1": (0.0, 1.0, True, False),
+    "b2": (0.0, 1.0, True, False),
+    "eps": (0.0, None, False, True),
+    "weight_decay": (0.0, None, True, True),
+    "grad_clip_norm": (0.0, None, False, True),
+}
 # Mesh axis names the sharding rules use; any other name would be silently replicated.
 MESH_AXES = ("data", "fsdp", "tensor")
 DTYPES = ("float32", "bfloat16")
@@ -57,11 +62,17 @@ def _positive_int(v):
 
 def validate(config, stages):
     """Raises ValueError naming the first bad key; `stages` are the names the runner knows."""
-    _check(config, "stages", lambda v: len(v) > 0 and all(isinstance(s, str) for s in v),
-           "must list at least one stage")
+    _check(
+        config,
+        "stages",
+        lambda v: len(v) > 0 and all(isinstance(s, str) for s in v),
+        "must list at least one stage",
+    )
     for stage in config.stages:
         if stage not in stages:
-            _fail("stages", tuple(config.stages), f"unknown stage {stage!r}; known: {sorted(stages)}")
+            _fail(
+                "stages", tuple(config.stages), f"unknown stage {stage!r}; known: {sorted(stages)}"
+            )
     _check(config, "seed", lambda v: isinstance(v, int), "must be an int")
     try:
         axes = sharding.parse_mesh(config.mesh or None)
@@ -69,35 +80,61 @@ def validate(config, stages):
             if name not in MESH_AXES:
                 raise ValueError(f"unknown axis {name!r}; the sharding rules use {MESH_AXES}")
             if size < 1 and size != -1:
-                raise ValueError(f"axis {name!r} has size {size}; sizes are >= 1, or -1 for the devices left over")
+                raise ValueError(
+                    f"axis {name!r} has size {size}; sizes are >= 1, or -1 for the devices left over"
+                )
         sharding.resolve_mesh_shape(axes, jax.device_count())
     except ValueError as e:
         _fail("mesh", config.mesh, str(e))
     for key in ("model.dtype", "model.param_dtype"):
         _check(config, key, lambda v: v in DTYPES, f"must be one of {DTYPES}")
     _check(config, "model.remat", lambda v: isinstance(v, bool), "must be True or False")
-    _check(config, "model.logits_chunk", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-           "must be an int >= 0 (0: the whole sequence at once)")
+    _check(
+        config,
+        "model.logits_chunk",
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+        "must be an int >= 0 (0: the whole sequence at once)",
+    )
     if config.model.init_from:
-        _check(config, "model.init_from", lambda v: os.path.isfile(os.path.join(v, "config.json")),
-               "must be an HF Qwen3-VL directory with config.json")
+        _check(
+            config,
+            "model.init_from",
+            lambda v: os.path.isfile(os.path.join(v, "config.json")),
+            "must be an HF Qwen3-VL directory with config.json",
+        )
     elif config.data.source != "toyworld":
-        _fail("model.init_from", config.model.init_from, "is required (an HF directory) unless data.source='toyworld'")
+        _fail(
+            "model.init_from",
+            config.model.init_from,
+            "is required (an HF directory) unless data.source='toyworld'",
+        )
     else:
         try:
             model.tiny(**config.model.tiny)
         except (TypeError, ValueError) as e:
             _fail("model.tiny", dict(config.model.tiny), str(e))
     _check(config, "data.source", lambda v: v in DATA_SOURCES, f"must be one of {DATA_SOURCES}")
-    if config.model.init_from and config.data.source == "toyworld" and config.data.get("tasks", "roles") == "roles":
+    if (
+        config.model.init_from
+        and config.data.source == "toyworld"
+        and config.data.get("tasks", "roles") == "roles"
+    ):
         _check_base_overlap(config)
     if "tasks" in config.data:
         _check(config, "data.tasks", lambda v: v in ("roles", "base"), "must be 'roles' or 'base'")
         if config.data.tasks == "base" and config.data.source != "toyworld":
-            _fail("data.tasks", config.data.tasks, "'base' tasks exist for data.source='toyworld' only")
+            _fail(
+                "data.tasks",
+                config.data.tasks,
+                "'base' tasks exist for data.source='toyworld' only",
+            )
     if "policy_drop" in config.data:
-        _check(config, "data.policy_drop", lambda v: isinstance(v, (int, float)) and 0 <= v < 1,
-               "must be a number in [0, 1)")
+        _check(
+            config,
+            "data.policy_drop",
+            lambda v: isinstance(v, (int, float)) and 0 <= v < 1,
+            "must be a number in [0, 1)",
+        )
     if config.data.get("task_mix"):
         try:
             toybase.parse_task_mix(config.data.task_mix)
@@ -105,45 +142,106 @@ def validate(config, stages):
             _fail("data.task_mix", config.data.task_mix, str(e))
     if config.data.source == "jsonl":
         _check(config, "data.train_path", os.path.isfile, "must be an existing JSONL file")
-        _check(config, "data.eval_path", lambda v: not v or os.path.isfile(v), "must be empty or a JSONL file")
+        _check(
+            config,
+            "data.eval_path",
+            lambda v: not v or os.path.isfile(v),
+            "must be empty or a JSONL file",
+        )
     else:
         for key in ("data.num_train_scenes", "data.num_eval_scenes"):
             _check(config, key, _positive_int, "must be a positive int")
-        _check(config, "data.mix", lambda v: len(v) == 3 and all(isinstance(n, int) and n >= 0 for n in v) and sum(v) > 0,
-               "must be (policy, generator, judge) record counts per scene")
+        _check(
+            config,
+            "data.mix",
+            lambda v: len(v) == 3 and all(isinstance(n, int) and n >= 0 for n in v) and sum(v) > 0,
+            "must be (policy, generator, judge) record counts per scene",
+        )
     _check(config, "data.image_size", _positive_int, "must be a positive int")
-    _check(config, "data.length_buckets", lambda v: len(v) > 0 and all(_positive_int(b) for b in v)
-           and list(v) == sorted(set(v)), "must be increasing positive ints")
+    _check(
+        config,
+        "data.length_buckets",
+        lambda v: len(v) > 0 and all(_positive_int(b) for b in v) and list(v) == sorted(set(v)),
+        "must be increasing positive ints",
+    )
     _check(config, "data.group_by_role", lambda v: isinstance(v, bool), "must be True or False")
     if "strict" in config.data:
-        _check(config, "data.strict", lambda v: isinstance(v, bool), "must be True (raise on a bad record) or False (skip and count)")
-    _check(config, "data.max_patches", lambda v: v is None or _positive_int(v), "must be None or a positive int")
+        _check(
+            config,
+            "data.strict",
+            lambda v: isinstance(v, bool),
+            "must be True (raise on a bad record) or False (skip and count)",
+        )
+    _check(
+        config,
+        "data.max_patches",
+        lambda v: v is None or _positive_int(v),
+        "must be None or a positive int",
+    )
     for key in ("data.min_pixels", "data.max_pixels", "data.max_length"):
         if key.split(".")[1] in config.data:
-            _check(config, key, lambda v: v is None or _positive_int(v), "must be None or a positive int")
+            _check(
+                config,
+                key,
+                lambda v: v is None or _positive_int(v),
+                "must be None or a positive int",
+            )
     if config.data.get("min_pixels") and config.data.get("max_pixels"):
-        _check(config, "data.min_pixels", lambda v: v <= config.data.max_pixels,
-               f"must be <= data.max_pixels={config.data.max_pixels}")
+        _check(
+            config,
+            "data.min_pixels",
+            lambda v: v <= config.data.max_pixels,
+            f"must be <= data.max_pixels={config.data.max_pixels}",
+        )
     for key, bounds in OPTIMIZER_RANGES.items():
-        _check(config, "optimizer." + key, lambda v: rl_config.in_range(v, *bounds),
-               "must be " + rl_config.describe_range(*bounds))
+        _check(
+            config,
+            "optimizer." + key,
+            lambda v: rl_config.in_range(v, *bounds),
+            "must be " + rl_config.describe_range(*bounds),
+        )
     if "max_skipped_steps" in config.optimizer:
         _check(config, "optimizer.max_skipped_steps", _positive_int, "must be a positive int")
-    for key in ("num_steps", "global_batch_size", "grad_accum_steps", "eval_every", "checkpoint_every",
-                "keep_checkpoints"):
+    for key in (
+        "num_steps",
+        "global_batch_size",
+        "grad_accum_steps",
+        "eval_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+    ):
         _check(config, "sft." + key, _positive_int, "must be a positive int")
     split = config.sft.grad_accum_steps * jax.process_count()
-    _check(config, "sft.global_batch_size", lambda v: v % split == 0,
-           f"must be a multiple of grad_accum_steps x processes = {split}")
+    _check(
+        config,
+        "sft.global_batch_size",
+        lambda v: v % split == 0,
+        f"must be a multiple of grad_accum_steps x processes = {split}",
+    )
     for key in ("num_scenes", "batch_size", "max_new_tokens"):
         _check(config, "eval." + key, _positive_int, "must be a positive int")
-    _check(config, "eval.stage", lambda v: isinstance(v, str) and v.split(",") and all(
-        part.strip() in ("sft", "rl") for part in v.split(",")), "must be 'sft', 'rl' or 'sft,rl'")
+    _check(
+        config,
+        "eval.stage",
+        lambda v: (
+            isinstance(v, str)
+            and v.split(",")
+            and all(part.strip() in ("sft", "rl") for part in v.split(","))
+        ),
+        "must be 'sft', 'rl' or 'sft,rl'",
+    )
     _check(config, "export.stage", lambda v: v in ("sft", "rl"), "must be 'sft' or 'rl'")
-    _check(config, "export.step", lambda v: isinstance(v, int) and v >= -1, "must be -1 (latest) or a step")
+    _check(
+        config,
+        "export.step",
+        lambda v: isinstance(v, int) and v >= -1,
+        "must be -1 (latest) or a step",
+    )
     if "rl" in config.stages:
         if "rl" not in config:
-            _fail("rl", None, "the rl stage needs an `rl` block (mocojax.train.rl_config.rl_defaults)")
+            _fail(
+                "rl", None, "the rl stage needs an `rl` block (mocojax.train.rl_config.rl_defaults)"
+            )
         rl_config.validate(config.rl)
 
 
@@ -159,18 +257,38 @@ def write_base_manifest(config, out_dir, step):
         with open(parent) as f:
             manifest = json.load(f)
         seen, built_by = list(manifest["scenes_seen"]), [manifest["built_by"]]
-    seen.append({"seed": config.data.seed, "start": 0,
-                 "count": config.data.num_train_scenes + config.data.num_eval_scenes})
+    seen.append(
+        {
+            "seed": config.data.seed,
+            "start": 0,
+            "count": config.data.num_train_scenes + config.data.num_eval_scenes,
+        }
+    )
     if config.sft.get("init_stage") == "vision":  # the tower was pretrained on its own scenes
         from mocojax.train import toyvision
 
-        seen.append({"seed": config.data.seed + toyvision.SEED_OFFSET, "start": 0,
-                     "count": config.vision.num_steps * config.vision.batch_size})
-    built_by.append("python -m mocojax.main --config configs/toybase.py"
-                    + (f" (task mix {config.data.task_mix})" if config.data.get("task_mix") else ""))
+        seen.append(
+            {
+                "seed": config.data.seed + toyvision.SEED_OFFSET,
+                "start": 0,
+                "count": config.vision.num_steps * config.vision.batch_size,
+            }
+        )
+    built_by.append(
+        "python -m mocojax.main --config configs/toybase.py"
+        + (f" (task mix {config.data.task_mix})" if config.data.get("task_mix") else "")
+    )
     with open(os.path.join(out_dir, BASE_MANIFEST), "w") as f:
-        json.dump({"step": step, "scenes_seen": seen, "image_size": config.data.image_size,
-                   "built_by": " then ".join(built_by)}, f, indent=1)
+        json.dump(
+            {
+                "step": step,
+                "scenes_seen": seen,
+                "image_size": config.data.image_size,
+                "built_by": " then ".join(built_by),
+            },
+            f,
+            indent=1,
+        )
 
 
 def _check_base_overlap(config):
@@ -183,11 +301,18 @@ def _check_base_overlap(config):
     start = config.data.num_train_scenes
     stop = start + max(config.eval.num_scenes, config.data.num_eval_scenes)
     for block in seen:
-        if block["seed"] == config.data.seed and block["start"] < stop and start < block["start"] + block["count"]:
-            _fail("data.seed", config.data.seed,
-                  f"the base model {config.model.init_from} trained on scenes {block['start']}.."
-                  f"{block['start'] + block['count'] - 1} of this seed, which hold the held-out scenes "
-                  f"{start}..{stop - 1}; pick another data seed (seen: {sorted({b['seed'] for b in seen})})")
+        if (
+            block["seed"] == config.data.seed
+            and block["start"] < stop
+            and start < block["start"] + block["count"]
+        ):
+            _fail(
+                "data.seed",
+                config.data.seed,
+                f"the base model {config.model.init_from} trained on scenes {block['start']}.."
+                f"{block['start'] + block['count'] - 1} of this seed, which hold the held-out scenes "
+                f"{start}..{stop - 1}; pick another data seed (seen: {sorted({b['seed'] for b in seen})})",
+            )
 
 
 @dataclasses.dataclass
@@ -212,30 +337,48 @@ def build_setup(config, workdir):
     if config.model.init_from:
         tokenizer_path = data.tokenizer or config.model.init_from
     else:
-        tokenizer_path = data.tokenizer or toyroles.build_tokenizer(os.path.join(workdir, "tokenizer"))
+        tokenizer_path = data.tokenizer or toyroles.build_tokenizer(
+            os.path.join(workdir, "tokenizer")
+        )
     tokenizer = processing.load_tokenizer(tokenizer_path)
-    processor = processing.Processor(tokenizer, min_pixels=data.min_pixels, max_pixels=data.max_pixels,
-                                     max_length=data.max_length)
-    dtypes = dict(param_dtype=config.model.param_dtype, dtype=config.model.dtype, remat=config.model.remat,
-                  logits_chunk=config.model.logits_chunk)
+    processor = processing.Processor(
+        tokenizer,
+        min_pixels=data.min_pixels,
+        max_pixels=data.max_pixels,
+        max_length=data.max_length,
+    )
+    dtypes = dict(
+        param_dtype=config.model.param_dtype,
+        dtype=config.model.dtype,
+        remat=config.model.remat,
+        logits_chunk=config.model.logits_chunk,
+    )
     if config.model.init_from:
         cfg = model.ModelConfig.from_pretrained(config.model.init_from, **dtypes)
 
         def load_params(place=None):
-            return hf.load_pretrained(config.model.init_from, dtype=cfg.param_dtype,
-                                      compute_dtype=cfg.dtype, place=place)[1]
+            return hf.load_pretrained(
+                config.model.init_from, dtype=cfg.param_dtype, compute_dtype=cfg.dtype, place=place
+            )[1]
     else:
         cfg = model.tiny(
-            vocab_size=_round_up(len(tokenizer), 64), image_token_id=processor.image_token_id,
-            video_token_id=processor.video_token_id, vision_start_token_id=processor.vision_start_token_id,
-            vision_end_token_id=processor.vision_end_token_id, **config.model.tiny, **dtypes)
+            vocab_size=_round_up(len(tokenizer), 64),
+            image_token_id=processor.image_token_id,
+            video_token_id=processor.video_token_id,
+            vision_start_token_id=processor.vision_start_token_id,
+            vision_end_token_id=processor.vision_end_token_id,
+            **config.model.tiny,
+            **dtypes,
+        )
 
         def load_params(place=None):
             params = model.init_params(cfg, config.seed)
             if place is None:
                 return params
             return jax.tree_util.tree_map_with_path(
-                lambda path, x: place(".".join(str(k.key) for k in path), np.asarray(x)), params)
+                lambda path, x: place(".".join(str(k.key) for k in path), np.asarray(x)), params
+            )
+
     return Setup(cfg, processor, tokenizer_path, load_params)
 
 
@@ -244,22 +387,37 @@ def sft_examples(config, processor=None):
     data = config.data
     if data.source == "toyworld" and data.get("tasks", "roles") == "base":
         mix = toybase.parse_task_mix(data.get("task_mix", ""))
-        return (toybase.base_records(data.seed, data.num_train_scenes, task_mix=mix),
-                toybase.base_records(data.seed, data.num_eval_scenes, start=data.num_train_scenes, task_mix=mix))
+        return (
+            toybase.base_records(data.seed, data.num_train_scenes, task_mix=mix),
+            toybase.base_records(
+                data.seed, data.num_eval_scenes, start=data.num_train_scenes, task_mix=mix
+            ),
+        )
     if data.source == "toyworld":
         drop = data.get("policy_drop", 0.0)
-        train = toyroles.sft_records(data.seed, data.num_train_scenes, tuple(data.mix), policy_drop=drop)
-        held_out = toyroles.sft_records(data.seed, data.num_eval_scenes, tuple(data.mix),
-                                        start=data.num_train_scenes, policy_drop=drop)
+        train = toyroles.sft_records(
+            data.seed, data.num_train_scenes, tuple(data.mix), policy_drop=drop
+        )
+        held_out = toyroles.sft_records(
+            data.seed,
+            data.num_eval_scenes,
+            tuple(data.mix),
+            start=data.num_train_scenes,
+            policy_drop=drop,
+        )
         return train, held_out
-    return tuple(user_examples(config, path, processor) if path else []
-                 for path in (data.train_path, data.eval_path))
+    return tuple(
+        user_examples(config, path, processor) if path else []
+        for path in (data.train_path, data.eval_path)
+    )
 
 
 def user_records(config, path):
     """Returns the image records of a user JSONL file (records.load_jsonl), strict per data.strict."""
     data = config.data
-    return records_lib.load_jsonl(path, image_root=data.image_root or None, strict=data.get("strict", False))[0]
+    return records_lib.load_jsonl(
+        path, image_root=data.image_root or None, strict=data.get("strict", False)
+    )[0]
 
 
 def user_examples(config, path, processor=None):
@@ -268,5 +426,10 @@ def user_examples(config, path, processor=None):
     examples = records_lib.sft_examples(user_records(config, path))
     if processor is None:
         return examples
-    return records_lib.check_lengths(examples, processor, tuple(config.data.length_buckets),
-                                     strict=config.data.get("strict", False), name=path)[0]
+    return records_lib.check_lengths(
+        examples,
+        processor,
+        tuple(config.data.length_buckets),
+        strict=config.data.get("strict", False),
+        name=path,
+    )[0]

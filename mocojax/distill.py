@@ -13,62 +13,120 @@ flags or a mismatched output.
 
 import sys
 
-from absl import app, flags
-from absl import logging as absl_logging
+from absl import app, flags, logging as absl_logging
 
 from mocojax.data import distill
 
-_INPUT = flags.DEFINE_string("input", None, "Image records: records.py JSONL, or PixMo-Cap / DenseFusion rows.")
-_SOURCE = flags.DEFINE_enum("source", "jsonl", ["jsonl", "pixmo_cap", "densefusion"], "Format of --input.")
-_IMAGE_DIR = flags.DEFINE_string("image_dir", None, "Image folder (default for jsonl: the input's folder).")
-_OUT = flags.DEFINE_string("out", None, "Output records JSONL (with OUT.ledger.jsonl, OUT.summary.json, OUT.cache/).")
+_INPUT = flags.DEFINE_string(
+    "input", None, "Image records: records.py JSONL, or PixMo-Cap / DenseFusion rows."
+)
+_SOURCE = flags.DEFINE_enum(
+    "source", "jsonl", ["jsonl", "pixmo_cap", "densefusion"], "Format of --input."
+)
+_IMAGE_DIR = flags.DEFINE_string(
+    "image_dir", None, "Image folder (default for jsonl: the input's folder)."
+)
+_OUT = flags.DEFINE_string(
+    "out", None, "Output records JSONL (with OUT.ledger.jsonl, OUT.summary.json, OUT.cache/)."
+)
 _TEACHER = flags.DEFINE_string("teacher", None, "Teacher spec for every part without its own.")
-_POLICY = flags.DEFINE_string("policy_teacher", None, "Policy captions (and one-teacher committee) spec.")
-_GENERATOR = flags.DEFINE_string("generator_teacher", None, "Rubric writer spec (also the consensus writer).")
+_POLICY = flags.DEFINE_string(
+    "policy_teacher", None, "Policy captions (and one-teacher committee) spec."
+)
+_GENERATOR = flags.DEFINE_string(
+    "generator_teacher", None, "Rubric writer spec (also the consensus writer)."
+)
 _JUDGE = flags.DEFINE_string("judge_teacher", None, "Judge spec.")
-_STUDENT = flags.DEFINE_string("student", None, "Candidate captions: a checkpoint or endpoint spec "
-                                                "(not needed when every record has candidates).")
-_COMMITTEE = flags.DEFINE_list("committee", [], "rubric_mode=committee: one spec per committee member "
-                                                "(default: the policy teacher sampled --committee_size times).")
+_STUDENT = flags.DEFINE_string(
+    "student",
+    None,
+    "Candidate captions: a checkpoint or endpoint spec "
+    "(not needed when every record has candidates).",
+)
+_COMMITTEE = flags.DEFINE_list(
+    "committee",
+    [],
+    "rubric_mode=committee: one spec per committee member "
+    "(default: the policy teacher sampled --committee_size times).",
+)
 _NUM_IMAGES = flags.DEFINE_integer("num_images", None, "Use the first N images only.")
 _CACHE_DIR = flags.DEFINE_string("cache_dir", None, "Endpoint reply cache (default OUT.cache).")
 _CONCURRENCY = flags.DEFINE_integer("concurrency", 8, "Requests in flight per endpoint.")
 _TIMEOUT = flags.DEFINE_float("timeout", 300.0, "Seconds per HTTP request (connect, read, write).")
-_MAX_RETRIES = flags.DEFINE_integer("max_retries", 5, "Retries of a failed request (transport, 429, 5xx).")
+_MAX_RETRIES = flags.DEFINE_integer(
+    "max_retries", 5, "Retries of a failed request (transport, 429, 5xx)."
+)
 _MIN_PIXELS = flags.DEFINE_integer("min_pixels", None, "Local checkpoints: image resize bounds.")
 _MAX_PIXELS = flags.DEFINE_integer("max_pixels", None, "Local checkpoints: image resize bounds.")
-_STRICT = flags.DEFINE_boolean("strict", False, "Stop at the first bad input record instead of skipping it.")
+_STRICT = flags.DEFINE_boolean(
+    "strict", False, "Stop at the first bad input record instead of skipping it."
+)
 _QUIET = flags.DEFINE_boolean("quiet", False, "No progress bars.")
 
 _DEFAULTS = distill.Options()
 _OPTION_FLAGS = {
-    "num_policy": flags.DEFINE_integer("num_policy", _DEFAULTS.num_policy, "Teacher captions per image."),
-    "keep_references": flags.DEFINE_boolean("keep_references", _DEFAULTS.keep_references,
-                                            "Also train the Policy on the references."),
-    "num_candidates": flags.DEFINE_integer("num_candidates", _DEFAULTS.num_candidates, "M student captions per image."),
-    "num_judged": flags.DEFINE_integer("num_judged", _DEFAULTS.num_judged, "Candidates judged per image (0: all)."),
-    "max_asks": flags.DEFINE_integer("max_asks", _DEFAULTS.max_asks, "Asks per output in all (1 + re-asks)."),
-    "policy_max_tokens": flags.DEFINE_integer("policy_max_tokens", _DEFAULTS.policy_max_tokens, "Caption length."),
-    "candidate_max_tokens": flags.DEFINE_integer("candidate_max_tokens", _DEFAULTS.candidate_max_tokens,
-                                                 "Student caption length."),
-    "rubric_max_tokens": flags.DEFINE_integer("rubric_max_tokens", _DEFAULTS.rubric_max_tokens, "Rubric length."),
-    "judge_max_tokens": flags.DEFINE_integer("judge_max_tokens", _DEFAULTS.judge_max_tokens, "Decisions length."),
-    "temperature": flags.DEFINE_float("temperature", _DEFAULTS.temperature, "A teacher's first ask."),
-    "sample_temperature": flags.DEFINE_float("sample_temperature", _DEFAULTS.sample_temperature,
-                                             "Re-asks, extra captions, one-teacher committee."),
-    "student_temperature": flags.DEFINE_float("student_temperature", _DEFAULTS.student_temperature,
-                                              "Student sampling temperature."),
-    "keep_truncated": flags.DEFINE_boolean("keep_truncated", _DEFAULTS.keep_truncated,
-                                           "Keep teacher captions cut at max_tokens."),
-    "rubric_mode": flags.DEFINE_enum("rubric_mode", _DEFAULTS.rubric_mode, list(distill.RUBRIC_MODES),
-                                     "generator: one rubric writer; committee: RubiCap's consensus rubric."),
-    "committee_size": flags.DEFINE_integer("committee_size", _DEFAULTS.committee_size,
-                                           "K captions when the committee is one teacher."),
-    "max_rubric_items": flags.DEFINE_integer("max_rubric_items", _DEFAULTS.max_rubric_items, "Rubric items kept."),
+    "num_policy": flags.DEFINE_integer(
+        "num_policy", _DEFAULTS.num_policy, "Teacher captions per image."
+    ),
+    "keep_references": flags.DEFINE_boolean(
+        "keep_references", _DEFAULTS.keep_references, "Also train the Policy on the references."
+    ),
+    "num_candidates": flags.DEFINE_integer(
+        "num_candidates", _DEFAULTS.num_candidates, "M student captions per image."
+    ),
+    "num_judged": flags.DEFINE_integer(
+        "num_judged", _DEFAULTS.num_judged, "Candidates judged per image (0: all)."
+    ),
+    "max_asks": flags.DEFINE_integer(
+        "max_asks", _DEFAULTS.max_asks, "Asks per output in all (1 + re-asks)."
+    ),
+    "policy_max_tokens": flags.DEFINE_integer(
+        "policy_max_tokens", _DEFAULTS.policy_max_tokens, "Caption length."
+    ),
+    "candidate_max_tokens": flags.DEFINE_integer(
+        "candidate_max_tokens", _DEFAULTS.candidate_max_tokens, "Student caption length."
+    ),
+    "rubric_max_tokens": flags.DEFINE_integer(
+        "rubric_max_tokens", _DEFAULTS.rubric_max_tokens, "Rubric length."
+    ),
+    "judge_max_tokens": flags.DEFINE_integer(
+        "judge_max_tokens", _DEFAULTS.judge_max_tokens, "Decisions length."
+    ),
+    "temperature": flags.DEFINE_float(
+        "temperature", _DEFAULTS.temperature, "A teacher's first ask."
+    ),
+    "sample_temperature": flags.DEFINE_float(
+        "sample_temperature",
+        _DEFAULTS.sample_temperature,
+        "Re-asks, extra captions, one-teacher committee.",
+    ),
+    "student_temperature": flags.DEFINE_float(
+        "student_temperature", _DEFAULTS.student_temperature, "Student sampling temperature."
+    ),
+    "keep_truncated": flags.DEFINE_boolean(
+        "keep_truncated", _DEFAULTS.keep_truncated, "Keep teacher captions cut at max_tokens."
+    ),
+    "rubric_mode": flags.DEFINE_enum(
+        "rubric_mode",
+        _DEFAULTS.rubric_mode,
+        list(distill.RUBRIC_MODES),
+        "generator: one rubric writer; committee: RubiCap's consensus rubric.",
+    ),
+    "committee_size": flags.DEFINE_integer(
+        "committee_size", _DEFAULTS.committee_size, "K captions when the committee is one teacher."
+    ),
+    "max_rubric_items": flags.DEFINE_integer(
+        "max_rubric_items", _DEFAULTS.max_rubric_items, "Rubric items kept."
+    ),
     "seed": flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of sampled requests."),
-    "chunk_size": flags.DEFINE_integer("chunk_size", _DEFAULTS.chunk_size, "Images in flight together."),
-    "image_max_pixels": flags.DEFINE_integer("image_max_pixels", _DEFAULTS.image_max_pixels,
-                                             "Images with more pixels are sent downscaled."),
+    "chunk_size": flags.DEFINE_integer(
+        "chunk_size", _DEFAULTS.chunk_size, "Images in flight together."
+    ),
+    "image_max_pixels": flags.DEFINE_integer(
+        "image_max_pixels",
+        _DEFAULTS.image_max_pixels,
+        "Images with more pixels are sent downscaled.",
+    ),
 }
 
 
@@ -82,34 +140,59 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not _TEACHER.value and not (_POLICY.value and _GENERATOR.value and _JUDGE.value):
-        raise app.UsageError("--teacher is required (or all of --policy_teacher, --generator_teacher, --judge_teacher)")
+        raise app.UsageError(
+            "--teacher is required (or all of --policy_teacher, --generator_teacher, --judge_teacher)"
+        )
     options = distill.Options(**{k: f.value for k, f in _OPTION_FLAGS.items()})
-    specs = {"policy": _POLICY.value or _TEACHER.value, "generator": _GENERATOR.value or _TEACHER.value,
-             "judge": _JUDGE.value or _TEACHER.value, "student": _STUDENT.value}
+    specs = {
+        "policy": _POLICY.value or _TEACHER.value,
+        "generator": _GENERATOR.value or _TEACHER.value,
+        "judge": _JUDGE.value or _TEACHER.value,
+        "student": _STUDENT.value,
+    }
     clients = {}
     try:
         options.check()
-        records, image_root = distill.load_images(_SOURCE.value, _INPUT.value, _IMAGE_DIR.value, _STRICT.value)
+        records, image_root = distill.load_images(
+            _SOURCE.value, _INPUT.value, _IMAGE_DIR.value, _STRICT.value
+        )
         if _NUM_IMAGES.value is not None:
-            records = records[:_NUM_IMAGES.value]
+            records = records[: _NUM_IMAGES.value]
         if not records:
             _fail(f"{_INPUT.value}: no usable image records", 2)
 
         def client(spec):
             if spec not in clients:
                 clients[spec] = distill.make_client(
-                    spec, cache_dir=_CACHE_DIR.value or _OUT.value + ".cache", concurrency=_CONCURRENCY.value,
-                    timeout=_TIMEOUT.value, max_retries=_MAX_RETRIES.value, min_pixels=_MIN_PIXELS.value,
-                    max_pixels=_MAX_PIXELS.value, progress=not _QUIET.value)
+                    spec,
+                    cache_dir=_CACHE_DIR.value or _OUT.value + ".cache",
+                    concurrency=_CONCURRENCY.value,
+                    timeout=_TIMEOUT.value,
+                    max_retries=_MAX_RETRIES.value,
+                    min_pixels=_MIN_PIXELS.value,
+                    max_pixels=_MAX_PIXELS.value,
+                    progress=not _QUIET.value,
+                )
             return clients[spec]
 
         committee = [client(s) for s in _COMMITTEE.value]
-        teachers = distill.Teachers(policy=client(specs["policy"]), generator=client(specs["generator"]),
-                                    judge=client(specs["judge"]),
-                                    student=client(specs["student"]) if specs["student"] else None,
-                                    committee=committee, names={**specs, "committee": list(_COMMITTEE.value)})
-        summary = distill.run(records, teachers, options, _OUT.value, image_root, source=f"{_SOURCE.value}:{_INPUT.value}",
-                              progress=not _QUIET.value)
+        teachers = distill.Teachers(
+            policy=client(specs["policy"]),
+            generator=client(specs["generator"]),
+            judge=client(specs["judge"]),
+            student=client(specs["student"]) if specs["student"] else None,
+            committee=committee,
+            names={**specs, "committee": list(_COMMITTEE.value)},
+        )
+        summary = distill.run(
+            records,
+            teachers,
+            options,
+            _OUT.value,
+            image_root,
+            source=f"{_SOURCE.value}:{_INPUT.value}",
+            progress=not _QUIET.value,
+        )
     except (ValueError, FileNotFoundError) as e:
         _fail(e, 2)
     except distill.DistillError as e:

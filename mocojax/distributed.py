@@ -17,7 +17,11 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-_ENV = {"coordinator_address": "MOCOJAX_COORDINATOR", "num_processes": "MOCOJAX_NUM_PROCESSES", "process_id": "MOCOJAX_PROCESS_ID"}
+_ENV = {
+    "coordinator_address": "MOCOJAX_COORDINATOR",
+    "num_processes": "MOCOJAX_NUM_PROCESSES",
+    "process_id": "MOCOJAX_PROCESS_ID",
+}
 
 
 def initialize(config: Mapping[str, Any] | None = None) -> bool:
@@ -29,7 +33,10 @@ def initialize(config: Mapping[str, Any] | None = None) -> bool:
     the cluster (SLURM, TPU pod, Open MPI). Must run before anything touches a device.
     """
     config = dict(config or {})
-    kwargs = {k: config.get(k) if config.get(k) is not None else os.environ.get(env) for k, env in _ENV.items()}
+    kwargs = {
+        k: config.get(k) if config.get(k) is not None else os.environ.get(env)
+        for k, env in _ENV.items()
+    }
     wanted = config.get("enabled", False) or kwargs["coordinator_address"] is not None
     if not wanted:
         return False
@@ -42,8 +49,13 @@ def initialize(config: Mapping[str, Any] | None = None) -> bool:
     # processes cannot run a single all-reduce. GPU and TPU clients ignore this setting.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(**{k: v for k, v in kwargs.items() if v is not None})
-    logging.info("process %d of %d, %d local / %d global devices", jax.process_index(), jax.process_count(),
-                 jax.local_device_count(), jax.device_count())
+    logging.info(
+        "process %d of %d, %d local / %d global devices",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+    )
     return jax.process_count() > 1
 
 
@@ -62,7 +74,9 @@ def process_rows(global_rows: int) -> slice:
     """Returns the slice of the global batch's rows this process feeds (contiguous, equal shares)."""
     count, index = jax.process_count(), jax.process_index()
     if global_rows % count:
-        raise ValueError(f"global batch of {global_rows} rows does not split over {count} processes")
+        raise ValueError(
+            f"global batch of {global_rows} rows does not split over {count} processes"
+        )
     per = global_rows // count
     return slice(index * per, (index + 1) * per)
 
@@ -73,7 +87,11 @@ def global_batch(local_batch, shardings):
     Leaves whose sharding is replicated over processes (e.g. vision metadata) must be the
     same full array on every process.
     """
-    return jax.tree.map(lambda s, x: jax.make_array_from_process_local_data(s, np.asarray(x)), shardings, local_batch)
+    return jax.tree.map(
+        lambda s, x: jax.make_array_from_process_local_data(s, np.asarray(x)),
+        shardings,
+        local_batch,
+    )
 
 
 def global_from_full(full_batch, shardings):
@@ -81,8 +99,13 @@ def global_from_full(full_batch, shardings):
 
     Each process copies only the blocks its own devices hold, so any mesh layout works.
     """
-    return jax.tree.map(lambda s, x: jax.make_array_from_callback(np.shape(x), s, lambda idx, x=x: np.asarray(x)[idx]),
-                        shardings, full_batch)
+    return jax.tree.map(
+        lambda s, x: jax.make_array_from_callback(
+            np.shape(x), s, lambda idx, x=x: np.asarray(x)[idx]
+        ),
+        shardings,
+        full_batch,
+    )
 
 
 def process_max(value: int) -> int:
@@ -103,7 +126,7 @@ def gather_rows(local: np.ndarray) -> np.ndarray:
     sizes = np.asarray(multihost_utils.process_allgather(np.int32(local.shape[0])))
     # process_allgather needs one shape everywhere: pad to the longest, then cut each back.
     padded = np.zeros((max(int(sizes.max()), 1), *local.shape[1:]), local.dtype)
-    padded[:len(local)] = local
+    padded[: len(local)] = local
     gathered = np.asarray(multihost_utils.process_allgather(padded))
     return np.concatenate([part[:n] for part, n in zip(gathered, sizes)]).astype(local.dtype)
 
@@ -114,6 +137,7 @@ def fetch(tree):
     Arrays this process holds whole (one process, or replicated ones) are copied directly;
     the others are gathered from every process (a collective: every process must call it).
     """
+
     def one(x):
         if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
             return np.asarray(x)

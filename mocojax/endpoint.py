@@ -52,32 +52,60 @@ def user_message(text, images=()):
     """Returns an OpenAI user message: the images (PIL) first, then the text."""
     if not images:
         return {"role": "user", "content": text}
-    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_data_url(i)}} for i in images]
-            + [{"type": "text", "text": text}]}
+    return {
+        "role": "user",
+        "content": [{"type": "image_url", "image_url": {"url": image_data_url(i)}} for i in images]
+        + [{"type": "text", "text": text}],
+    }
 
 
 def _check_reply(reply):
     """Raises ValueError unless reply looks like a chat.completion with choices holding messages."""
     choices = reply.get("choices") if isinstance(reply, dict) else None
-    if not isinstance(choices, list) or not choices or not all(
-            isinstance(c, dict) and isinstance(c.get("message"), dict) for c in choices):
+    if (
+        not isinstance(choices, list)
+        or not choices
+        or not all(isinstance(c, dict) and isinstance(c.get("message"), dict) for c in choices)
+    ):
         raise ValueError(f"not a chat.completion (no choices[].message): {json.dumps(reply)[:200]}")
 
 
 class EndpointClient:
     """Chat completions from one model at one OpenAI-compatible base URL (.../v1)."""
 
-    def __init__(self, base_url, model, *, api_key=None, concurrency=8, timeout=120.0, max_retries=5,
-                 backoff_s=0.5, max_backoff_s=30.0, cache_dir=None, progress=True, transport=None):
+    def __init__(
+        self,
+        base_url,
+        model,
+        *,
+        api_key=None,
+        concurrency=8,
+        timeout=120.0,
+        max_retries=5,
+        backoff_s=0.5,
+        max_backoff_s=30.0,
+        cache_dir=None,
+        progress=True,
+        transport=None,
+    ):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url {base_url!r}: want http(s)://host[:port]/v1")
         self.base_url, self.model = base_url.rstrip("/"), model
         self.url = f"{self.base_url}/chat/completions"
         self.concurrency, self.max_retries = max(1, int(concurrency)), max(0, int(max_retries))
-        self.backoff_s, self.max_backoff_s, self.cache_dir, self.progress = backoff_s, max_backoff_s, cache_dir, progress
+        self.backoff_s, self.max_backoff_s, self.cache_dir, self.progress = (
+            backoff_s,
+            max_backoff_s,
+            cache_dir,
+            progress,
+        )
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(timeout=timeout, headers=headers, transport=transport,
-                                  limits=httpx.Limits(max_connections=self.concurrency))
+        self._http = httpx.Client(
+            timeout=timeout,
+            headers=headers,
+            transport=transport,
+            limits=httpx.Limits(max_connections=self.concurrency),
+        )
         self.stats = {"sent": 0, "retries": 0, "cached": 0}
         self._lock = threading.Lock()
         if cache_dir:
@@ -96,8 +124,12 @@ class EndpointClient:
 
     def request_key(self, body):
         """Returns the SHA-256 hex of the request (URL + the body with its model), the cache key."""
-        canonical = json.dumps({"url": self.url, "body": {"model": self.model, **body}}, sort_keys=True,
-                               separators=(",", ":"), ensure_ascii=False)
+        canonical = json.dumps(
+            {"url": self.url, "body": {"model": self.model, **body}},
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def _cache_path(self, key):
@@ -135,10 +167,14 @@ class EndpointClient:
         try:
             response = self._http.post(self.url, json={"model": self.model, **body})
         except httpx.TimeoutException as e:
-            raise EndpointError(f"POST {self.url}: timed out ({type(e).__name__})", retryable=True) from None
+            raise EndpointError(
+                f"POST {self.url}: timed out ({type(e).__name__})", retryable=True
+            ) from None
         except httpx.TransportError as e:  # refused, reset, DNS, a dropped connection
-            raise EndpointError(f"POST {self.url}: cannot reach the endpoint ({type(e).__name__}: {e})",
-                                retryable=True) from None
+            raise EndpointError(
+                f"POST {self.url}: cannot reach the endpoint ({type(e).__name__}: {e})",
+                retryable=True,
+            ) from None
         with self._lock:
             self.stats["sent"] += 1
         if response.status_code != 200:
@@ -147,19 +183,24 @@ class EndpointClient:
             except (ValueError, KeyError, TypeError):
                 detail = response.text[:300]
             retryable = response.status_code == 429 or response.status_code >= 500
-            error = EndpointError(f"POST {self.url}: HTTP {response.status_code}: {detail}", response.status_code,
-                                  retryable)
+            error = EndpointError(
+                f"POST {self.url}: HTTP {response.status_code}: {detail}",
+                response.status_code,
+                retryable,
+            )
             error.retry_after = response.headers.get("retry-after")
             raise error
         try:
             reply = response.json()
             _check_reply(reply)
         except ValueError as e:
-            raise EndpointError(f"POST {self.url}: malformed reply body: {e}", 200, retryable=True) from None
+            raise EndpointError(
+                f"POST {self.url}: malformed reply body: {e}", 200, retryable=True
+            ) from None
         return reply
 
     def _delay(self, attempt, error):
-        delay = min(self.max_backoff_s, self.backoff_s * 2 ** attempt) * (0.5 + random.random() / 2)
+        delay = min(self.max_backoff_s, self.backoff_s * 2**attempt) * (0.5 + random.random() / 2)
         retry_after = getattr(error, "retry_after", None)
         if retry_after:
             try:
@@ -185,7 +226,9 @@ class EndpointClient:
                 if not error.retryable:
                     raise
                 if attempt == self.max_retries:
-                    raise EndpointError(f"{error} (gave up after {attempt + 1} attempts)", error.status) from None
+                    raise EndpointError(
+                        f"{error} (gave up after {attempt + 1} attempts)", error.status
+                    ) from None
                 with self._lock:
                     self.stats["retries"] += 1
                 time.sleep(self._delay(attempt, error))
@@ -199,8 +242,10 @@ class EndpointClient:
         returned in its place with return_exceptions=True."""
         bodies = list(bodies)
         results = [None] * len(bodies)
-        with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool, \
-                tqdm(total=len(bodies), desc=desc, disable=not self.progress, leave=False) as bar:
+        with (
+            concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool,
+            tqdm(total=len(bodies), desc=desc, disable=not self.progress, leave=False) as bar,
+        ):
             futures = {pool.submit(self.chat, body): k for k, body in enumerate(bodies)}
             for future in concurrent.futures.as_completed(futures):
                 k = futures[future]
@@ -215,4 +260,7 @@ class EndpointClient:
 
 def texts(replies):
     """Returns the first choice's text of each reply (None where the reply is an exception)."""
-    return [None if isinstance(r, BaseException) else r["choices"][0]["message"].get("content") or "" for r in replies]
+    return [
+        None if isinstance(r, BaseException) else r["choices"][0]["message"].get("content") or ""
+        for r in replies
+    ]

@@ -21,9 +21,18 @@ from mocojax.model import ModelConfig, abstract_params
 from mocojax.model.qwen3_vl import Params
 
 _TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
-    "added_tokens.json", "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
-    "video_preprocessor_config.json", "generation_config.json", "tokenizer.model",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
+    "generation_config.json",
+    "tokenizer.model",
 )
 
 
@@ -65,23 +74,40 @@ def _table(cfg: ModelConfig) -> list[tuple[str, str, tuple]]:
     ]
     vb, tl = "model.visual.blocks.{i}", "model.language_model.layers.{i}"
     for ours, hf in (("norm1", "norm1"), ("norm2", "norm2")):
-        rows += [(f"visual.blocks.{ours}.scale", f"{vb}.{hf}.weight", _identity()),
-                 (f"visual.blocks.{ours}.bias", f"{vb}.{hf}.bias", _identity())]
-    for ours, hf in (("attn.qkv", "attn.qkv"), ("attn.proj", "attn.proj"), ("fc1", "mlp.linear_fc1"), ("fc2", "mlp.linear_fc2")):
-        rows += [(f"visual.blocks.{ours}.kernel", f"{vb}.{hf}.weight", _linear()),
-                 (f"visual.blocks.{ours}.bias", f"{vb}.{hf}.bias", _identity())]
+        rows += [
+            (f"visual.blocks.{ours}.scale", f"{vb}.{hf}.weight", _identity()),
+            (f"visual.blocks.{ours}.bias", f"{vb}.{hf}.bias", _identity()),
+        ]
+    for ours, hf in (
+        ("attn.qkv", "attn.qkv"),
+        ("attn.proj", "attn.proj"),
+        ("fc1", "mlp.linear_fc1"),
+        ("fc2", "mlp.linear_fc2"),
+    ):
+        rows += [
+            (f"visual.blocks.{ours}.kernel", f"{vb}.{hf}.weight", _linear()),
+            (f"visual.blocks.{ours}.bias", f"{vb}.{hf}.bias", _identity()),
+        ]
     mergers = [("visual.merger", "model.visual.merger")]
     if cfg.vision.deepstack_visual_indexes:
         mergers.append(("visual.deepstack_mergers", "model.visual.deepstack_merger_list.{i}"))
     for ours, hf in mergers:
-        rows += [(f"{ours}.norm.scale", f"{hf}.norm.weight", _identity()),
-                 (f"{ours}.norm.bias", f"{hf}.norm.bias", _identity())]
+        rows += [
+            (f"{ours}.norm.scale", f"{hf}.norm.weight", _identity()),
+            (f"{ours}.norm.bias", f"{hf}.norm.bias", _identity()),
+        ]
         for lin in ("fc1", "fc2"):
-            rows += [(f"{ours}.{lin}.kernel", f"{hf}.linear_{lin}.weight", _linear()),
-                     (f"{ours}.{lin}.bias", f"{hf}.linear_{lin}.bias", _identity())]
+            rows += [
+                (f"{ours}.{lin}.kernel", f"{hf}.linear_{lin}.weight", _linear()),
+                (f"{ours}.{lin}.bias", f"{hf}.linear_{lin}.bias", _identity()),
+            ]
     rows += [
         ("text.layers.input_norm.scale", f"{tl}.input_layernorm.weight", _identity()),
-        ("text.layers.post_attention_norm.scale", f"{tl}.post_attention_layernorm.weight", _identity()),
+        (
+            "text.layers.post_attention_norm.scale",
+            f"{tl}.post_attention_layernorm.weight",
+            _identity(),
+        ),
         ("text.layers.attn.q_norm.scale", f"{tl}.self_attn.q_norm.weight", _identity()),
         ("text.layers.attn.k_norm.scale", f"{tl}.self_attn.k_norm.weight", _identity()),
         ("text.layers.attn.q_proj", f"{tl}.self_attn.q_proj.weight", _heads_in()),
@@ -94,7 +120,13 @@ def _table(cfg: ModelConfig) -> list[tuple[str, str, tuple]]:
     ]
     if cfg.text.attention_bias:
         for p in "qkv":
-            rows.append((f"text.layers.attn.{p}_bias", f"{tl}.self_attn.{p}_proj.bias", (lambda a: a.reshape(-1), lambda a, shape: a.reshape(shape))))
+            rows.append(
+                (
+                    f"text.layers.attn.{p}_bias",
+                    f"{tl}.self_attn.{p}_proj.bias",
+                    (lambda a: a.reshape(-1), lambda a, shape: a.reshape(shape)),
+                )
+            )
         rows.append(("text.layers.attn.o_bias", f"{tl}.self_attn.o_proj.bias", _identity()))
     if not cfg.tie_word_embeddings:
         rows.append(("text.lm_head", "lm_head.weight", _linear()))
@@ -132,7 +164,9 @@ def expected_hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     for ours, hf, (to_hf, _) in _table(cfg):
         spec = _get(abstract, ours)
         one = spec.shape[1:] if "{i}" in hf else spec.shape
-        hf_shape = jax.eval_shape(lambda a: jnp.asarray(to_hf(a)), jax.ShapeDtypeStruct(one, spec.dtype)).shape
+        hf_shape = jax.eval_shape(
+            lambda a: jnp.asarray(to_hf(a)), jax.ShapeDtypeStruct(one, spec.dtype)
+        ).shape
         for i in range(spec.shape[0]) if "{i}" in hf else [None]:
             shapes[hf if i is None else hf.format(i=i)] = tuple(hf_shape)
     return shapes
@@ -142,9 +176,14 @@ def _inside(path: str, name: str, index: str) -> str:
     """Returns name if it stays inside the checkpoint directory; raises ValueError naming the index.
     The check is on the normalised path: symlinks inside (the HF cache's snapshots) still work."""
     root = os.path.abspath(path)
-    if not isinstance(name, str) or os.path.isabs(name) or os.path.commonpath(
-            [root, os.path.abspath(os.path.join(root, name))]) != root:
-        raise ValueError(f"{index}: weight file {name!r} is outside the checkpoint directory {root}; refused")
+    if (
+        not isinstance(name, str)
+        or os.path.isabs(name)
+        or os.path.commonpath([root, os.path.abspath(os.path.join(root, name))]) != root
+    ):
+        raise ValueError(
+            f"{index}: weight file {name!r} is outside the checkpoint directory {root}; refused"
+        )
     return name
 
 
@@ -158,7 +197,11 @@ def _checkpoint_files(path: str) -> list[str]:
         files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not files:
         bins = [f for f in os.listdir(path) if f.endswith((".bin", ".pt", ".pth", ".ckpt"))]
-        hint = f" (found {bins}: pickle checkpoints are never loaded; convert them to safetensors)" if bins else ""
+        hint = (
+            f" (found {bins}: pickle checkpoints are never loaded; convert them to safetensors)"
+            if bins
+            else ""
+        )
         raise FileNotFoundError(f"{path}: no *.safetensors files{hint}")
     missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
     if missing:
@@ -174,8 +217,10 @@ def _open_safetensors(file: str):
     try:
         return safe_open(file, framework="numpy")
     except Exception as error:  # safetensors raises its own SafetensorError (and OSError)
-        raise ValueError(f"{file}: not a readable safetensors file ({type(error).__name__}: {error}); "
-                         "it may be truncated: download it again") from None
+        raise ValueError(
+            f"{file}: not a readable safetensors file ({type(error).__name__}: {error}); "
+            "it may be truncated: download it again"
+        ) from None
 
 
 def _check_size(cfg: ModelConfig, path: str, where: dict) -> None:
@@ -195,7 +240,8 @@ def _check_size(cfg: ModelConfig, path: str, where: dict) -> None:
         raise ValueError(
             f"{path}/config.json describes {count} tensors of {elements:.4g} elements in all (e.g. "
             f"num_hidden_layers={cfg.text.num_hidden_layers}, hidden_size={cfg.text.hidden_size}), but the "
-            f"safetensors hold {len(where)} tensors of {held:.4g} elements; config.json does not match the weights")
+            f"safetensors hold {len(where)} tensors of {held:.4g} elements; config.json does not match the weights"
+        )
 
 
 def _finite_tensor(where: dict, name: str, path: str) -> np.ndarray:
@@ -203,8 +249,10 @@ def _finite_tensor(where: dict, name: str, path: str) -> np.ndarray:
     value = where[name].get_tensor(name)
     finite = np.isfinite(value.astype(np.float32) if value.dtype.kind not in "f" else value)
     if not finite.all():
-        raise ValueError(f"{path}: tensor {name} holds {int(finite.size - finite.sum())} non-finite values "
-                         f"(NaN or inf) of {finite.size}; the checkpoint is damaged")
+        raise ValueError(
+            f"{path}: tensor {name} holds {int(finite.size - finite.sum())} non-finite values "
+            f"(NaN or inf) of {finite.size}; the checkpoint is damaged"
+        )
     return value
 
 
@@ -227,7 +275,9 @@ def load_pretrained(
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path} is not a directory")
     dtype_name = jnp.dtype(dtype).name
-    cfg = ModelConfig.from_pretrained(path, param_dtype=dtype_name, dtype=jnp.dtype(compute_dtype or dtype).name)
+    cfg = ModelConfig.from_pretrained(
+        path, param_dtype=dtype_name, dtype=jnp.dtype(compute_dtype or dtype).name
+    )
     handles = [_open_safetensors(f) for f in _checkpoint_files(path)]
     where = {name: h for h in handles for name in h.keys()}
     _check_size(cfg, path, where)  # before expected_hf_shapes builds one name per stacked layer
@@ -246,10 +296,14 @@ def load_pretrained(
         tensor = where[name].get_slice(name)
         got = tuple(tensor.get_shape())
         if got != shape:
-            raise ValueError(f"{path}: tensor {name} has shape {got}, expected {shape} for this config")
+            raise ValueError(
+                f"{path}: tensor {name} has shape {got}, expected {shape} for this config"
+            )
         if tensor.get_dtype() not in _FLOAT_DTYPES:
-            raise ValueError(f"{path}: tensor {name} has dtype {tensor.get_dtype()}; the weights must be floating point "
-                             f"({', '.join(_FLOAT_DTYPES)}); quantised checkpoints are not supported")
+            raise ValueError(
+                f"{path}: tensor {name} has dtype {tensor.get_dtype()}; the weights must be floating point "
+                f"({', '.join(_FLOAT_DTYPES)}); quantised checkpoints are not supported"
+            )
     place = place or (lambda _, a: jnp.asarray(a))
     abstract = abstract_params(cfg)
     params: Params = {}
@@ -257,7 +311,12 @@ def load_pretrained(
         spec = _get(abstract, ours)
         if "{i}" in hf:
             one = spec.shape[1:]
-            value = np.stack([from_hf(_finite_tensor(where, n, path), one) for n in (hf.format(i=i) for i in range(spec.shape[0]))])
+            value = np.stack(
+                [
+                    from_hf(_finite_tensor(where, n, path), one)
+                    for n in (hf.format(i=i) for i in range(spec.shape[0]))
+                ]
+            )
         else:
             value = from_hf(_finite_tensor(where, hf, path), spec.shape)
         _set(params, ours, place(ours, np.asarray(value).astype(dtype)))
@@ -289,18 +348,28 @@ def save_pretrained(
         size += value.nbytes
     weight_map, total = {}, 0
     for k, shard in enumerate(shards):
-        fname = "model.safetensors" if len(shards) == 1 else f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        fname = (
+            "model.safetensors"
+            if len(shards) == 1
+            else f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        )
         save_file(shard, os.path.join(path, fname), metadata={"format": "pt"})
         for name, value in shard.items():
             weight_map[name] = fname
             total += value.nbytes
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+        json.dump(
+            {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
+            f,
+            indent=2,
+        )
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg.to_hf_dict(), f, indent=2)
     if tokenizer_path is not None:
         copied = [n for n in _TOKENIZER_FILES if os.path.isfile(os.path.join(tokenizer_path, n))]
         if not copied:
-            raise FileNotFoundError(f"{tokenizer_path} holds no tokenizer files ({', '.join(_TOKENIZER_FILES[:3])}, ...)")
+            raise FileNotFoundError(
+                f"{tokenizer_path} holds no tokenizer files ({', '.join(_TOKENIZER_FILES[:3])}, ...)"
+            )
         for name in copied:
             shutil.copy2(os.path.join(tokenizer_path, name), os.path.join(path, name))

@@ -51,15 +51,21 @@ def loop_defaults() -> ml_collections.ConfigDict:
     return loop
 
 
-_RANGES = {"c_q": (0.0, None, True, True), "c_s": (0.0, None, True, True), "lam": (0.0, None, True, True),
-           "eps_norm": (0.0, None, False, True)}
+_RANGES = {
+    "c_q": (0.0, None, True, True),
+    "c_s": (0.0, None, True, True),
+    "lam": (0.0, None, True, True),
+    "eps_norm": (0.0, None, False, True),
+}
 
 
 def validate(loop) -> None:
     """Raises ValueError naming the first bad key of a `loop_defaults` block."""
     for key, bounds in _RANGES.items():
         if not rl_config.in_range(loop[key], *bounds):
-            raise ValueError(f"config.loop.{key}={loop[key]!r}: must be {rl_config.describe_range(*bounds)}")
+            raise ValueError(
+                f"config.loop.{key}={loop[key]!r}: must be {rl_config.describe_range(*bounds)}"
+            )
     k = loop.max_questions
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"config.loop.max_questions={k!r}: must be a positive int")
@@ -70,16 +76,23 @@ def question_utilities(r_evidence, r_leave_one_out, asked, c_q):
 
     r_evidence [G]; r_leave_one_out [G, K] (R_G of the evidence without pair t); asked bool [G, K].
     """
-    r_evidence, r_loo = jnp.asarray(r_evidence, jnp.float32), jnp.asarray(r_leave_one_out, jnp.float32)
+    r_evidence, r_loo = (
+        jnp.asarray(r_evidence, jnp.float32),
+        jnp.asarray(r_leave_one_out, jnp.float32),
+    )
     if r_loo.shape != jnp.shape(asked) or r_loo.shape[:1] != r_evidence.shape:
-        raise ValueError(f"r_leave_one_out {r_loo.shape} and asked {jnp.shape(asked)} must be [G, K] "
-                         f"with G = {r_evidence.shape[0]}")
+        raise ValueError(
+            f"r_leave_one_out {r_loo.shape} and asked {jnp.shape(asked)} must be [G, K] "
+            f"with G = {r_evidence.shape[0]}"
+        )
     return jnp.where(jnp.asarray(asked, bool), r_evidence[:, None] - r_loo - c_q, 0.0)
 
 
 def base_utilities(r_final, r_evidence, r_initial, lam):
     """Returns b_g float32 [G] = (r^F_g - r^0) + lambda [min(r^E_g, r^F_g) - r^0]; inputs [G]."""
-    r_final, r_evidence, r_initial = (jnp.asarray(x, jnp.float32) for x in (r_final, r_evidence, r_initial))
+    r_final, r_evidence, r_initial = (
+        jnp.asarray(x, jnp.float32) for x in (r_final, r_evidence, r_initial)
+    )
     return (r_final - r_initial) + lam * (jnp.minimum(r_evidence, r_final) - r_initial)
 
 
@@ -104,9 +117,11 @@ def loop_advantages(u_question, asked, u_stop, stopped, u_final, eps_norm):
     """Returns (A^Q [G, K], A^S [G], A^F [G]) for one image's G rollouts, each action type
     normalised on its own: questions over all asked (g, t), stops over the rollouts that said
     READY (a forced finalisation has no stop action: A^S 0 there), syntheses over all G."""
-    return (normalise_within_type(u_question, asked, eps_norm),
-            normalise_within_type(u_stop, stopped, eps_norm),
-            normalise_within_type(u_final, jnp.ones(jnp.shape(u_final), bool), eps_norm))
+    return (
+        normalise_within_type(u_question, asked, eps_norm),
+        normalise_within_type(u_stop, stopped, eps_norm),
+        normalise_within_type(u_final, jnp.ones(jnp.shape(u_final), bool), eps_norm),
+    )
 
 
 def group_advantages(r_initial, r_evidence, r_leave_one_out, r_final, asked, stopped, loop):
@@ -117,15 +132,25 @@ def group_advantages(r_initial, r_evidence, r_leave_one_out, r_final, asked, sto
     cannot have stopped. Raises ValueError on inconsistent inputs."""
     asked, stopped = np.asarray(asked, bool), np.asarray(stopped, bool)
     if asked.ndim != 2 or asked.shape[1] != loop.max_questions:
-        raise ValueError(f"asked {asked.shape} must be [G, K] with K = loop.max_questions = {loop.max_questions}")
+        raise ValueError(
+            f"asked {asked.shape} must be [G, K] with K = loop.max_questions = {loop.max_questions}"
+        )
     num_questions = asked.sum(-1)
     if (asked != (np.arange(asked.shape[1]) < num_questions[:, None])).any():
         raise ValueError("asked must mark the first T_g questions of each rollout")
     if (stopped & (num_questions == loop.max_questions)).any():
-        raise ValueError("a rollout that asked K questions was finalised by force: it has no stop action")
+        raise ValueError(
+            "a rollout that asked K questions was finalised by force: it has no stop action"
+        )
     base = base_utilities(r_final, r_evidence, r_initial, loop.lam)
-    return loop_advantages(question_utilities(r_evidence, r_leave_one_out, asked, loop.c_q), asked,
-                           stop_utilities(base, num_questions, loop.c_s), stopped, base, loop.eps_norm)
+    return loop_advantages(
+        question_utilities(r_evidence, r_leave_one_out, asked, loop.c_q),
+        asked,
+        stop_utilities(base, num_questions, loop.c_s),
+        stopped,
+        base,
+        loop.eps_norm,
+    )
 
 
 def token_advantages(span_kind, span_index, adv_question, adv_stop, adv_final, stopped):
@@ -151,13 +176,30 @@ def token_advantages(span_kind, span_index, adv_question, adv_stop, adv_final, s
     return adv, (question | stop | final).astype(jnp.float32)
 
 
-def loop_loss(logprobs, old_logprobs, token_adv, mask, *, clip_eps=0.2, clip_eps_high=None, kl_beta=0.0,
-              ref_logprobs=None):
+def loop_loss(
+    logprobs,
+    old_logprobs,
+    token_adv,
+    mask,
+    *,
+    clip_eps=0.2,
+    clip_eps_high=None,
+    kl_beta=0.0,
+    ref_logprobs=None,
+):
     """Returns (L_LOOP, metrics): -sum M min(rho A, clip(rho) A) / sum M + beta masked-mean k3 KL;
     [B, T] inputs (losses.grpo_loss with token advantages and aggregation "token_mean")."""
-    return losses.grpo_loss(logprobs, old_logprobs, token_adv, mask, clip_eps=clip_eps,
-                            clip_eps_high=clip_eps_high, kl_beta=kl_beta, ref_logprobs=ref_logprobs,
-                            aggregation="token_mean")
+    return losses.grpo_loss(
+        logprobs,
+        old_logprobs,
+        token_adv,
+        mask,
+        clip_eps=clip_eps,
+        clip_eps_high=clip_eps_high,
+        kl_beta=kl_beta,
+        ref_logprobs=ref_logprobs,
+        aggregation="token_mean",
+    )
 
 
 def span_layout(span_lengths):

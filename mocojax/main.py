@@ -12,15 +12,15 @@ import logging
 import os
 
 import jax
-from absl import app, flags
-from absl import logging as absl_logging
+from absl import app, flags, logging as absl_logging
 from ml_collections import config_flags
 
 from mocojax import checkpoint, config_utils, distributed
 from mocojax.train import sft
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:arg]).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file (configs/*.py[:arg]).", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and exports.")
 
 
@@ -38,16 +38,20 @@ def run_eval(config, workdir):
     """Scores the latest checkpoint of each of config.eval.stage ("sft", "rl" or "sft,rl") on
     held-out toy-world scenes; writes <workdir>/eval_<stage>_<step>.json for each."""
     if config.data.source != "toyworld":
-        raise ValueError(f"config.data.source={config.data.source!r}: the eval stage scores the toy world only")
+        raise ValueError(
+            f"config.data.source={config.data.source!r}: the eval stage scores the toy world only"
+        )
     from mocojax.eval import toybase_eval, toyworld_eval
+
     setup = config_utils.build_setup(config, workdir)
     # A base-pretraining run (data.tasks="base") is scored on its own tasks, not the roles.
     scorer = toybase_eval if config.data.get("tasks", "roles") == "base" else toyworld_eval
     results = {}
     for stage in eval_stages(config):
         params, step = checkpoint.restore_params(workdir, stage, setup.model_config)
-        result = scorer.evaluate(setup.model_config, params, setup.processor,
-                                 **toyworld_eval.held_out_kwargs(config))
+        result = scorer.evaluate(
+            setup.model_config, params, setup.processor, **toyworld_eval.held_out_kwargs(config)
+        )
         result = {"stage": stage, "step": step, **result}
         with open(os.path.join(workdir, f"eval_{stage}_{step}.json"), "w") as f:
             json.dump(result, f, indent=1)
@@ -61,8 +65,9 @@ def run_export(config, workdir):
     setup = config_utils.build_setup(config, workdir)
     out_dir = config.export.out_dir or os.path.join(workdir, "hf")
     step = None if config.export.step == -1 else config.export.step
-    step = checkpoint.export_hf(workdir, config.export.stage, setup.model_config, out_dir,
-                                setup.tokenizer_path, step)
+    step = checkpoint.export_hf(
+        workdir, config.export.stage, setup.model_config, out_dir, setup.tokenizer_path, step
+    )
     if config.data.get("tasks", "roles") == "base":
         config_utils.write_base_manifest(config, out_dir, step)
     return {"step": step, "out_dir": out_dir}
@@ -73,7 +78,13 @@ def run_vision(config, workdir):
     return importlib.import_module("mocojax.train.toyvision").run_vision(config, workdir)
 
 
-STAGES = {"vision": run_vision, "sft": sft.run_sft, "rl": run_rl, "eval": run_eval, "export": run_export}
+STAGES = {
+    "vision": run_vision,
+    "sft": sft.run_sft,
+    "rl": run_rl,
+    "eval": run_eval,
+    "export": run_export,
+}
 MULTI_HOST_STAGES = ("sft", "rl")
 
 
@@ -81,8 +92,10 @@ def run(config, workdir):
     """Validates the config, then runs its stages in order; returns {stage: final metrics}."""
     config_utils.validate(config, STAGES)
     if jax.process_count() > 1 and set(config.stages) - set(MULTI_HOST_STAGES):
-        raise ValueError(f"config.stages={tuple(config.stages)}: only {MULTI_HOST_STAGES} run on several processes; "
-                         "run the other stages as a single-process command on the same --workdir")
+        raise ValueError(
+            f"config.stages={tuple(config.stages)}: only {MULTI_HOST_STAGES} run on several processes; "
+            "run the other stages as a single-process command on the same --workdir"
+        )
     os.makedirs(workdir, exist_ok=True)
     if distributed.is_main():
         with open(os.path.join(workdir, "config.json"), "w") as f:

@@ -72,8 +72,9 @@ class MetricWriter:
         # TensorBoard hides this stage's events at steps >= purge_step from earlier runs.
         purge_step = initial_step + 1 if initial_step else (0 if os.path.isdir(tb_dir) else None)
         self._tb = SummaryWriter(tb_dir, purge_step=purge_step)
-        self._bar = tqdm.tqdm(total=total_steps, initial=initial_step, desc=stage, unit="step",
-                              dynamic_ncols=True)
+        self._bar = tqdm.tqdm(
+            total=total_steps, initial=initial_step, desc=stage, unit="step", dynamic_ncols=True
+        )
 
     def write(self, step, scalars, tokens=0):
         """Records the scalars of one step; tokens (this step's input tokens) feeds the bar's tokens/s."""
@@ -85,13 +86,19 @@ class MetricWriter:
             return
         # Strict JSON: a non-finite value (a NaN loss, a role absent from the batch) is written as null.
         record = {k: (v if math.isfinite(v) else None) for k, v in scalars.items()}
-        self._jsonl.write(json.dumps({"stage": self.stage, "step": step, "time": time.time(), **record}) + "\n")
+        self._jsonl.write(
+            json.dumps({"stage": self.stage, "step": step, "time": time.time(), **record}) + "\n"
+        )
         self._jsonl.flush()
         for key, value in scalars.items():
             if math.isfinite(value):
                 self._tb.add_scalar(f"{self.stage}/{key}", value, step)
         elapsed = time.perf_counter() - self._start
-        postfix = {k.replace("eval/", "eval_"): f"{self.history[k][-1][1]:.4f}" for k in _BAR_KEYS if k in self.history}
+        postfix = {
+            k.replace("eval/", "eval_"): f"{self.history[k][-1][1]:.4f}"
+            for k in _BAR_KEYS
+            if k in self.history
+        }
         postfix["tok/s"] = f"{self._tokens / max(elapsed, 1e-9):.0f}"
         self._bar.set_postfix(postfix, refresh=False)
         self._bar.update(step - self._bar.n)
@@ -102,7 +109,14 @@ class MetricWriter:
         for key in sorted(self.history):
             values = [v for _, v in self.history[key]]
             finite = [v for v in values if math.isfinite(v)]
-            rows.append((key, f"{values[0]:.4g}", f"{values[-1]:.4g}", f"{min(finite):.4g}" if finite else "nan"))
+            rows.append(
+                (
+                    key,
+                    f"{values[0]:.4g}",
+                    f"{values[-1]:.4g}",
+                    f"{min(finite):.4g}" if finite else "nan",
+                )
+            )
         rows.append(("wall time (s)", "", f"{time.perf_counter() - self._start:.1f}", ""))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]

@@ -38,9 +38,9 @@ VIDEO_PAD = "<|video_pad|>"
 
 # uint8 -> normalised float32, computed the way transformers does (float64 rescale by 1/255, cast
 # to float32, then (x - mean) / std in float32), so pixel_values match it bit for bit.
-_PIXEL_LUT = ((np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32) - np.float32(IMAGE_MEAN)) / np.float32(
-    IMAGE_STD
-)
+_PIXEL_LUT = (
+    (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32) - np.float32(IMAGE_MEAN)
+) / np.float32(IMAGE_STD)
 
 
 class ImageError(ValueError):
@@ -52,14 +52,21 @@ class ImageError(ValueError):
 # ----------------------------------------------------------------------------------------------
 
 
-def smart_resize(height: int, width: int, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
-                 factor: int = PATCH_SIZE * MERGE_SIZE) -> tuple[int, int]:
+def smart_resize(
+    height: int,
+    width: int,
+    min_pixels: int = MIN_PIXELS,
+    max_pixels: int = MAX_PIXELS,
+    factor: int = PATCH_SIZE * MERGE_SIZE,
+) -> tuple[int, int]:
     """Returns (height, width) that transformers resizes an image to: multiples of factor, area in range."""
     if height <= 0 or width <= 0:
         raise ImageError(f"image has zero size ({width}x{height})")
     aspect_ratio = max(height, width) / min(height, width)
     if aspect_ratio > MAX_ASPECT_RATIO:
-        raise ImageError(f"aspect ratio {aspect_ratio:.1f} of a {width}x{height} image exceeds {MAX_ASPECT_RATIO}")
+        raise ImageError(
+            f"aspect ratio {aspect_ratio:.1f} of a {width}x{height} image exceeds {MAX_ASPECT_RATIO}"
+        )
     # Python's round (half to even) on purpose: transformers uses it, and 48/32 = 1.5 must give 2.
     resized_height = round(height / factor) * factor
     resized_width = round(width / factor) * factor
@@ -88,29 +95,43 @@ def _patchify(pixels: np.ndarray) -> np.ndarray:
     """Returns the [grid_h * grid_w, PATCH_DIM] rows of one normalised [H, W, 3] image."""
     height, width, channels = pixels.shape
     grid_h, grid_w = height // PATCH_SIZE, width // PATCH_SIZE
-    patches = pixels.reshape(grid_h // MERGE_SIZE, MERGE_SIZE, PATCH_SIZE, grid_w // MERGE_SIZE, MERGE_SIZE,
-                             PATCH_SIZE, channels)
+    patches = pixels.reshape(
+        grid_h // MERGE_SIZE,
+        MERGE_SIZE,
+        PATCH_SIZE,
+        grid_w // MERGE_SIZE,
+        MERGE_SIZE,
+        PATCH_SIZE,
+        channels,
+    )
     # Row order: merge blocks row-major, then the 2x2 patches inside a block (the order the vision
     # merger expects); inside a row: channel, temporal copy, patch row, patch column.
     patches = patches.transpose(0, 3, 1, 4, 6, 2, 5)  # [gh/m, gw/m, m, m, C, p, p]
-    patches = np.broadcast_to(patches[:, :, :, :, :, None],
-                              (*patches.shape[:5], TEMPORAL_PATCH_SIZE, PATCH_SIZE, PATCH_SIZE))
+    patches = np.broadcast_to(
+        patches[:, :, :, :, :, None],
+        (*patches.shape[:5], TEMPORAL_PATCH_SIZE, PATCH_SIZE, PATCH_SIZE),
+    )
     return patches.reshape(grid_h * grid_w, PATCH_DIM)
 
 
-def preprocess_images(images: list[Image.Image], min_pixels: int | None = None,
-                      max_pixels: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def preprocess_images(
+    images: list[Image.Image], min_pixels: int | None = None, max_pixels: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Returns pixel_values float32 [num_patches, 1536] and image_grid_thw int64 [num_images, 3]."""
     min_pixels = MIN_PIXELS if min_pixels is None else int(min_pixels)
     max_pixels = MAX_PIXELS if max_pixels is None else int(max_pixels)
     if not 0 < min_pixels <= max_pixels:
-        raise ValueError(f"need 0 < min_pixels <= max_pixels, got min_pixels={min_pixels}, max_pixels={max_pixels}")
+        raise ValueError(
+            f"need 0 < min_pixels <= max_pixels, got min_pixels={min_pixels}, max_pixels={max_pixels}"
+        )
     if not images:
         raise ValueError("preprocess_images needs at least one image")
     all_patches, grids = [], []
     for index, image in enumerate(images):
         if not isinstance(image, Image.Image):
-            raise TypeError(f"image {index} is a {type(image).__name__}, expected a PIL.Image.Image")
+            raise TypeError(
+                f"image {index} is a {type(image).__name__}, expected a PIL.Image.Image"
+            )
         width, height = image.size
         try:
             resized_height, resized_width = smart_resize(height, width, min_pixels, max_pixels)
@@ -135,7 +156,9 @@ def _describe(image: Image.Image) -> str:
     return f" (file {filename})" if filename else ""
 
 
-def load_image(source: str | os.PathLike | bytes, max_image_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
+def load_image(
+    source: str | os.PathLike | bytes, max_image_pixels: int = MAX_IMAGE_PIXELS
+) -> Image.Image:
     """Returns the decoded, EXIF-rotated RGB image at source (a path or encoded bytes); raises ImageError."""
     if isinstance(source, (bytes, bytearray)):
         name, opened = f"<{len(source)} bytes>", io.BytesIO(source)
@@ -152,8 +175,10 @@ def load_image(source: str | os.PathLike | bytes, max_image_pixels: int = MAX_IM
         with Image.open(opened) as image:
             # The header alone gives the size: refuse bombs before decoding them.
             if image.width * image.height > max_image_pixels:
-                raise ImageError(f"{name}: {image.width}x{image.height} image has more than {max_image_pixels} pixels "
-                                 "(possible decompression bomb)")
+                raise ImageError(
+                    f"{name}: {image.width}x{image.height} image has more than {max_image_pixels} pixels "
+                    "(possible decompression bomb)"
+                )
             image.load()
             # EXIF orientation is applied as transformers.image_utils.load_image does.
             upright = ImageOps.exif_transpose(image)
@@ -166,7 +191,9 @@ def load_image(source: str | os.PathLike | bytes, max_image_pixels: int = MAX_IM
         raise ImageError(f"{name}: cannot decode image: {error}") from None
     width, height = rgb.size
     if max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
-        raise ImageError(f"{name}: aspect ratio of the {width}x{height} image exceeds {MAX_ASPECT_RATIO}")
+        raise ImageError(
+            f"{name}: aspect ratio of the {width}x{height} image exceeds {MAX_ASPECT_RATIO}"
+        )
     return rgb
 
 
@@ -181,8 +208,10 @@ def load_tokenizer(path: str | os.PathLike):
     """Returns the transformers tokenizer stored in the local directory path (never downloads)."""
     path = os.fspath(path)
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"tokenizer directory {path!r} does not exist; load_tokenizer reads local "
-                                "directories only, never hub ids")
+        raise FileNotFoundError(
+            f"tokenizer directory {path!r} does not exist; load_tokenizer reads local "
+            "directories only, never hub ids"
+        )
     if not any(os.path.isfile(os.path.join(path, name)) for name in _TOKENIZER_FILES):
         raise FileNotFoundError(f"{path!r} holds none of {', '.join(_TOKENIZER_FILES)}")
     # Imported here: transformers takes seconds to import and only this function needs it.
@@ -209,14 +238,20 @@ def _content_items(content, role: str, index: int) -> list[tuple[str, Any]]:
     if isinstance(content, str):
         return [("text", content)]
     if not isinstance(content, (list, tuple)):
-        raise TypeError(f"message {index} ({role}): content must be a str or a list, got {type(content).__name__}")
+        raise TypeError(
+            f"message {index} ({role}): content must be a str or a list, got {type(content).__name__}"
+        )
     items = []
     for item in content:
         # Like the template, an item without "type" is an image if it has an "image" key.
-        kind = item.get("type") or ("image" if "image" in item else "text" if "text" in item else None)
+        kind = item.get("type") or (
+            "image" if "image" in item else "text" if "text" in item else None
+        )
         if kind not in ("text", "image"):
-            raise ValueError(f"message {index} ({role}): unsupported content item of type {kind!r}; "
-                             "only text and image are supported")
+            raise ValueError(
+                f"message {index} ({role}): unsupported content item of type {kind!r}; "
+                "only text and image are supported"
+            )
         if kind == "image" and role != "user":
             # Qwen3-VL's template drops such images silently, which would desync pixel_values.
             raise ValueError(f"message {index} ({role}): images are only allowed in user messages")
@@ -224,8 +259,9 @@ def _content_items(content, role: str, index: int) -> list[tuple[str, Any]]:
     return items
 
 
-def _conversation_pieces(messages: list[dict], image_counts: list[int] | None,
-                         add_generation_prompt: bool) -> list[_Piece]:
+def _conversation_pieces(
+    messages: list[dict], image_counts: list[int] | None, add_generation_prompt: bool
+) -> list[_Piece]:
     """Returns the Qwen3-VL chat template of messages as pieces; image_counts None means one pad each."""
     pieces: list[_Piece] = []
     images_seen = 0
@@ -242,20 +278,28 @@ def _conversation_pieces(messages: list[dict], image_counts: list[int] | None,
             if kind == "image":
                 count = 1 if image_counts is None else int(image_counts[images_seen])
                 images_seen += 1
-                pieces += [_Piece("special", VISION_START, False), _Piece("image", count, False),
-                           _Piece("special", VISION_END, False)]
+                pieces += [
+                    _Piece("special", VISION_START, False),
+                    _Piece("image", count, False),
+                    _Piece("special", VISION_END, False),
+                ]
             else:
                 pieces.append(_Piece("text", value, is_reply))
         pieces += [_Piece("special", IM_END, is_reply), _Piece("text", "\n", False)]
     if image_counts is not None and images_seen != len(image_counts):
-        raise ValueError(f"conversation has {images_seen} images but {len(image_counts)} image grids were given")
+        raise ValueError(
+            f"conversation has {images_seen} images but {len(image_counts)} image grids were given"
+        )
     if add_generation_prompt:
         pieces += [_Piece("special", IM_START, False), _Piece("text", "assistant\n", False)]
     return pieces
 
 
-def render_chat_text(messages: list[dict], image_grid_thw: np.ndarray | None = None,
-                     add_generation_prompt: bool = False) -> str:
+def render_chat_text(
+    messages: list[dict],
+    image_grid_thw: np.ndarray | None = None,
+    add_generation_prompt: bool = False,
+) -> str:
     """Returns the Qwen3-VL chat-template string; with image_grid_thw, image pads are expanded per image."""
     counts = None if image_grid_thw is None else num_image_tokens(image_grid_thw).tolist()
     parts = []
@@ -281,21 +325,40 @@ def conversation_images(messages: list[dict]) -> list[Image.Image]:
 
 def _reply_start(targets: list[int]) -> int:
     """Returns where the final reply starts: after the last non-target token that precedes a target token."""
-    return max((i for i in range(1, len(targets)) if targets[i] and not targets[i - 1]), default=len(targets))
+    return max(
+        (i for i in range(1, len(targets)) if targets[i] and not targets[i - 1]),
+        default=len(targets),
+    )
 
 
 class Processor:
     """Turns batches of conversations into Qwen3-VL model inputs, as transformers' Qwen3VLProcessor does."""
 
-    def __init__(self, tokenizer, min_pixels: int | None = None, max_pixels: int | None = None,
-                 max_length: int | None = None, pad_to_multiple_of: int | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        max_length: int | None = None,
+        pad_to_multiple_of: int | None = None,
+    ):
         self.tokenizer = tokenizer
         self.min_pixels = min_pixels
         self.max_pixels = max_pixels
         self.max_length = max_length
         self.pad_to_multiple_of = pad_to_multiple_of
-        self._special_ids = {token: self.token_id(token) for token in
-                             (IM_START, IM_END, END_OF_TEXT, VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)}
+        self._special_ids = {
+            token: self.token_id(token)
+            for token in (
+                IM_START,
+                IM_END,
+                END_OF_TEXT,
+                VISION_START,
+                VISION_END,
+                IMAGE_PAD,
+                VIDEO_PAD,
+            )
+        }
         self.image_token_id = self._special_ids[IMAGE_PAD]
         self.video_token_id = self._special_ids[VIDEO_PAD]
         self.vision_start_token_id = self._special_ids[VISION_START]
@@ -305,8 +368,12 @@ class Processor:
         self.pad_token_id = self.token_id(getattr(tokenizer, "pad_token", None) or END_OF_TEXT)
         # Qwen3-VL's generation_config stops on <|im_end|> and <|endoftext|>.
         self.eos_token_ids = (self.im_end_token_id, self._special_ids[END_OF_TEXT])
-        self._vision_ids = {self.image_token_id, self.video_token_id, self.vision_start_token_id,
-                            self.vision_end_token_id}
+        self._vision_ids = {
+            self.image_token_id,
+            self.video_token_id,
+            self.vision_start_token_id,
+            self.vision_end_token_id,
+        }
 
     def token_id(self, token: str) -> int:
         """Returns the id of a token string; raises if the tokenizer does not know it."""
@@ -322,7 +389,12 @@ class Processor:
         merged: list[_Piece] = []
         for piece in pieces:
             # Adjacent text of the same kind is one string to the tokenizer, as in the rendered template.
-            if merged and piece.kind == "text" and merged[-1].kind == "text" and merged[-1].target == piece.target:
+            if (
+                merged
+                and piece.kind == "text"
+                and merged[-1].kind == "text"
+                and merged[-1].target == piece.target
+            ):
                 merged[-1] = merged[-1]._replace(value=merged[-1].value + piece.value)
             else:
                 merged.append(piece)
@@ -332,9 +404,14 @@ class Processor:
             elif piece.kind == "special":
                 piece_ids, is_image = [self._special_ids[piece.value]], 0
             else:
-                piece_ids, is_image = list(self.tokenizer(piece.value, add_special_tokens=False)["input_ids"]), 0
+                piece_ids, is_image = (
+                    list(self.tokenizer(piece.value, add_special_tokens=False)["input_ids"]),
+                    0,
+                )
                 if self._vision_ids.intersection(piece_ids):
-                    raise ValueError(f"{where}: text contains a vision special token ({piece.value[:80]!r})")
+                    raise ValueError(
+                        f"{where}: text contains a vision special token ({piece.value[:80]!r})"
+                    )
             ids += piece_ids
             targets += [int(piece.target)] * len(piece_ids)
             image_flags += [is_image] * len(piece_ids)
@@ -352,20 +429,28 @@ class Processor:
             prompt_note = f"; its prompt alone is {reply_start} tokens"
         else:
             prompt_note = ""
-        raise ValueError(f"{where} is {len(ids)} tokens, more than max_length={self.max_length}{prompt_note}; "
-                         "image tokens and prompts are never cut")
+        raise ValueError(
+            f"{where} is {len(ids)} tokens, more than max_length={self.max_length}{prompt_note}; "
+            "image tokens and prompts are never cut"
+        )
 
-    def sequence_length(self, messages: list[dict], image_sizes: list[tuple[int, int]]) -> tuple[int, int]:
+    def sequence_length(
+        self, messages: list[dict], image_sizes: list[tuple[int, int]]
+    ) -> tuple[int, int]:
         """Returns (tokens, prompt tokens before the final reply) of an SFT conversation, before any
         max_length cut; image_sizes are the (width, height) of its images, which are not decoded."""
         low = MIN_PIXELS if self.min_pixels is None else self.min_pixels
         high = MAX_PIXELS if self.max_pixels is None else self.max_pixels
         counts = [smart_resize(h, w, low, high) for w, h in image_sizes]
         counts = [rh * rw // (PATCH_SIZE * MERGE_SIZE) ** 2 for rh, rw in counts]
-        ids, targets, _ = self._encode(_conversation_pieces(messages, counts, add_generation_prompt=False), "row")
+        ids, targets, _ = self._encode(
+            _conversation_pieces(messages, counts, add_generation_prompt=False), "row"
+        )
         return len(ids), _reply_start(targets)
 
-    def __call__(self, conversations: list[list[dict]], mode: str = "generate") -> dict[str, np.ndarray | None]:
+    def __call__(
+        self, conversations: list[list[dict]], mode: str = "generate"
+    ) -> dict[str, np.ndarray | None]:
         """Returns numpy model inputs [B, L] (and pixel_values [P, 1536], image_grid_thw [I, 3]) for conversations."""
         if mode not in ("generate", "sft"):
             raise ValueError(f"mode must be 'generate' or 'sft', got {mode!r}")
@@ -377,14 +462,20 @@ class Processor:
                 raise ValueError(f"conversation {index} is empty")
             last_role = messages[-1].get("role")
             if mode == "generate" and last_role == "assistant":
-                raise ValueError(f"conversation {index} ends with an assistant message; a generation prompt must "
-                                 "end with a user (or system) message")
+                raise ValueError(
+                    f"conversation {index} ends with an assistant message; a generation prompt must "
+                    "end with a user (or system) message"
+                )
             if mode == "sft" and last_role != "assistant":
-                raise ValueError(f"conversation {index} must end with the assistant reply to train on")
+                raise ValueError(
+                    f"conversation {index} must end with the assistant reply to train on"
+                )
             images.append(conversation_images(messages))
         flat_images = [image for per_conversation in images for image in per_conversation]
         if flat_images:
-            pixel_values, image_grid_thw = preprocess_images(flat_images, self.min_pixels, self.max_pixels)
+            pixel_values, image_grid_thw = preprocess_images(
+                flat_images, self.min_pixels, self.max_pixels
+            )
             counts = num_image_tokens(image_grid_thw).tolist()
         else:
             pixel_values, image_grid_thw, counts = None, None, []
@@ -392,9 +483,11 @@ class Processor:
         rows, truncated, start = [], [], 0
         for index, messages in enumerate(conversations):
             where = f"conversation {index}"
-            own_counts = counts[start:start + len(images[index])]
+            own_counts = counts[start : start + len(images[index])]
             start += len(images[index])
-            pieces = _conversation_pieces(messages, own_counts, add_generation_prompt=mode == "generate")
+            pieces = _conversation_pieces(
+                messages, own_counts, add_generation_prompt=mode == "generate"
+            )
             ids, targets, image_flags = self._encode(pieces, where)
             drop = self._fit(ids, targets, mode, where)
             keep = len(ids) - drop
@@ -418,8 +511,13 @@ class Processor:
             attention_mask[row, span] = 1
             mm_token_type_ids[row, span] = image_flags
             loss_mask[row, span] = targets
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "pixel_values": pixel_values,
-                 "image_grid_thw": image_grid_thw, "mm_token_type_ids": mm_token_type_ids}
+        batch = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "pixel_values": pixel_values,
+            "image_grid_thw": image_grid_thw,
+            "mm_token_type_ids": mm_token_type_ids,
+        }
         if mode == "sft":
             batch["loss_mask"] = loss_mask
             batch["truncated"] = np.asarray(truncated, dtype=bool)

@@ -18,18 +18,25 @@ from mocojax.eval import report
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "RL workdir (rl_samples.jsonl, metrics.jsonl).")
 _OUT = flags.DEFINE_string("out", None, "Page to write; default <workdir>/rollout_report.html.")
-_TB = flags.DEFINE_string("tensorboard_dir", None, "TensorBoard log dir; default <workdir>/tb/rollouts; '' skips.")
+_TB = flags.DEFINE_string(
+    "tensorboard_dir", None, "TensorBoard log dir; default <workdir>/tb/rollouts; '' skips."
+)
 _MAX_GROUPS = flags.DEFINE_integer("max_groups", 0, "Report the first N logged groups (0: all).")
 _RECORDS = flags.DEFINE_string("records", "", "JSONL of {id, image} for user-data images.")
-_IMAGE_ROOT = flags.DEFINE_string("image_root", "", "Folder that relative --records image paths are under.")
+_IMAGE_ROOT = flags.DEFINE_string(
+    "image_root", "", "Folder that relative --records image paths are under."
+)
 
 
 def _images(path, root):
     if not path:
         return {}
     rows, _ = report.read_jsonl(path)
-    return {str(r["id"]): os.path.join(root, r["image"]) for r in rows
-            if isinstance(r.get("image"), str) and "id" in r}
+    return {
+        str(r["id"]): os.path.join(root, r["image"])
+        for r in rows
+        if isinstance(r.get("image"), str) and "id" in r
+    }
 
 
 def main(argv):
@@ -51,7 +58,10 @@ def main(argv):
         f.write(page)
     if tb_dir:
         report.write_tensorboard(workdir, tb_dir, images=images, max_groups=_MAX_GROUPS.value)
-    print(f"wrote {out}: {json.dumps(counts)}" + (f"; TensorBoard summaries in {tb_dir}" if tb_dir else ""))
+    print(
+        f"wrote {out}: {json.dumps(counts)}"
+        + (f"; TensorBoard summaries in {tb_dir}" if tb_dir else "")
+    )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,9 @@ DEFAULT_WEIGHT = 1.0
 _FENCE = re.compile(r"^\s*```")
 # Leading decoration a model may put before the id: bullets, "item", "#", "[". Possessive
 # quantifiers: adjacent optional runs of spaces never backtrack, so a line of n spaces costs O(n).
-_ID_PREFIX = re.compile(r"^\s*+(?:[-*]\s*+)?(?:item\s*+)?#?\[?\s*+(\d++)\s*+\]?\s*+[.):]?\s*+", re.I)
+_ID_PREFIX = re.compile(
+    r"^\s*+(?:[-*]\s*+)?(?:item\s*+)?#?\[?\s*+(\d++)\s*+\]?\s*+[.):]?\s*+", re.I
+)
 # Longer ids are not item ids (and int() refuses numbers of more than 4,300 digits).
 _MAX_ID_DIGITS = 9
 _TRUE_WORDS = {"1", "yes", "true", "pass", "met", "y"}
@@ -72,8 +74,10 @@ def _text_message(role, text):
 
 
 def _image_message(image, text):
-    return {"role": "user", "content": [{"type": "image", "image": image},
-                                        {"type": "text", "text": text}]}
+    return {
+        "role": "user",
+        "content": [{"type": "image", "image": image}, {"type": "text", "text": text}],
+    }
 
 
 def policy_messages(image, instruction=POLICY_INSTRUCTION):
@@ -92,21 +96,26 @@ def _numbered(captions):
 
 def generator_messages(image, references, candidates):
     """Returns the Generator conversation: image, references and candidates -> rubric."""
-    text = (f"{GENERATOR_INSTRUCTION}\nReferences:\n{_numbered(references)}\n"
-            f"Candidates:\n{_numbered(candidates)}")
+    text = (
+        f"{GENERATOR_INSTRUCTION}\nReferences:\n{_numbered(references)}\n"
+        f"Candidates:\n{_numbered(candidates)}"
+    )
     return [_image_message(image, text)]
 
 
 def format_rubric_for_judge(rubric_items):
     """Returns the rubric as the Judge sees it: ``id | criterion | check`` lines, no weights."""
-    return "\n".join(f"{k} | {item.criterion} | {item.check}"
-                     for k, item in enumerate(rubric_items, 1))
+    return "\n".join(
+        f"{k} | {item.criterion} | {item.check}" for k, item in enumerate(rubric_items, 1)
+    )
 
 
 def judge_messages(rubric_items, caption):
     """Returns the Judge conversation: instruction, rubric, then the caption last; no image."""
-    text = (f"{JUDGE_INSTRUCTION}\nRubric:\n{format_rubric_for_judge(rubric_items)}\n"
-            f"Caption:\n{caption}")
+    text = (
+        f"{JUDGE_INSTRUCTION}\nRubric:\n{format_rubric_for_judge(rubric_items)}\n"
+        f"Caption:\n{caption}"
+    )
     return [_text_message("user", text)]
 
 
@@ -116,8 +125,10 @@ def _format_weight(weight):
 
 def format_rubric(rubric_items):
     """Returns the Generator's target text: one ``id | weight | criterion | check`` line per item."""
-    return "\n".join(f"{k} | {_format_weight(item.weight)} | {item.criterion} | {item.check}"
-                     for k, item in enumerate(rubric_items, 1))
+    return "\n".join(
+        f"{k} | {_format_weight(item.weight)} | {item.criterion} | {item.check}"
+        for k, item in enumerate(rubric_items, 1)
+    )
 
 
 def format_decisions(decisions):
@@ -137,7 +148,7 @@ def _split_item_line(line):
     match = _ID_PREFIX.match(line)
     if match is None or len(match.group(1)) > _MAX_ID_DIGITS:
         return None
-    rest = line[match.end():].lstrip()
+    rest = line[match.end() :].lstrip()
     if rest.startswith("|"):
         rest = rest[1:]
     return int(match.group(1)), [field.strip() for field in rest.split("|")]

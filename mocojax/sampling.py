@@ -33,8 +33,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from mocojax import distributed, model, sharding
+from mocojax.losses import (
+    token_logprobs,  # log_softmax at the sampled token, float32, temperature 1
+)
 from mocojax.model import ModelConfig, VisionMeta
-from mocojax.losses import token_logprobs  # log_softmax at the sampled token, float32, temperature 1
+
 
 def bucket(n: int, minimum: int = 16) -> int:
     """Returns the padded size of n: a power of two >= minimum up to 1024, then a multiple of 1024."""
@@ -97,7 +100,9 @@ class Sampler:
 
 
 # ----------------------------------------------------------------------------- token choice
-def filter_logits(logits: jax.Array, temperature: float, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+def filter_logits(
+    logits: jax.Array, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> jax.Array:
     """Returns logits [R, V] / temperature with -inf outside the top-k, then the top-p nucleus."""
     x = logits.astype(jnp.float32) / temperature
     if top_k <= 0 and top_p >= 1.0:
@@ -125,11 +130,21 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, sampler: Sampler) -> jax.A
 
 
 # ----------------------------------------------------------------------------- host preparation
-def prepare_prompt(cfg: ModelConfig, input_ids, attention_mask=None, pixel_values=None, image_grid_thw=None, *, reserve: int) -> Prompt:
+def prepare_prompt(
+    cfg: ModelConfig,
+    input_ids,
+    attention_mask=None,
+    pixel_values=None,
+    image_grid_thw=None,
+    *,
+    reserve: int,
+) -> Prompt:
     """Returns the bucketed Prompt of a left-padded batch; raises ValueError on bad or too long input."""
     ids, mask = model.check_ids_and_mask(input_ids, attention_mask)
     if (np.diff(mask.astype(np.int8), axis=1) < 0).any() or not mask[:, -1].all():
-        raise ValueError("prompts must be left-padded: attention_mask must be 0...0 1...1 on every row")
+        raise ValueError(
+            "prompts must be left-padded: attention_mask must be 0...0 1...1 on every row"
+        )
     if (pixel_values is None) != (image_grid_thw is None):
         raise ValueError("pixel_values and image_grid_thw must be given together")
     longest = int(mask.sum(1).max())
@@ -149,11 +164,15 @@ def prepare_prompt(cfg: ModelConfig, input_ids, attention_mask=None, pixel_value
         pixel_values = np.pad(pixel_values, ((0, pad_patches - pixel_values.shape[0]), (0, 0)))
     inputs = model.prepare_inputs(cfg, ids, mask, image_grid_thw, pad_patches_to=pad_patches)
     next_position = (mask.sum(1) + inputs.rope_deltas).astype(np.int32)
-    return Prompt(ids, mask, inputs.positions.astype(np.int32), next_position, pixel_values, inputs.vision)
+    return Prompt(
+        ids, mask, inputs.positions.astype(np.int32), next_position, pixel_values, inputs.vision
+    )
 
 
 # ----------------------------------------------------------------------------- jittable cores
-def prefill_core(cfg: ModelConfig, params, prompt: Prompt, *, reserve: int, num_samples: int) -> Prefix:
+def prefill_core(
+    cfg: ModelConfig, params, prompt: Prompt, *, reserve: int, num_samples: int
+) -> Prefix:
     """Returns the Prefix of B prompts, encoded once and repeated to B*num_samples rows (row b*N+j)."""
     batch, length = prompt.input_ids.shape
     t = cfg.text
@@ -161,11 +180,22 @@ def prefill_core(cfg: ModelConfig, params, prompt: Prompt, *, reserve: int, num_
     cache = {"k": jnp.zeros(shape, cfg.dtype), "v": jnp.zeros(shape, cfg.dtype)}
     key_valid = jnp.pad(prompt.attention_mask.astype(bool), ((0, 0), (0, reserve)))
     _, aux = model.apply(
-        cfg, params, prompt.input_ids, prompt.attention_mask, prompt.positions, prompt.pixel_values,
-        prompt.vision, cache=cache, key_valid=key_valid, write_index=0, return_hidden=True,
+        cfg,
+        params,
+        prompt.input_ids,
+        prompt.attention_mask,
+        prompt.positions,
+        prompt.pixel_values,
+        prompt.vision,
+        cache=cache,
+        key_valid=key_valid,
+        write_index=0,
+        return_hidden=True,
     )
     last_logits = model.lm_logits(cfg, params, aux["hidden"][:, -1:])[:, 0]  # [B, V]
-    repeat = functools.partial(jnp.repeat, repeats=num_samples, total_repeat_length=batch * num_samples)
+    repeat = functools.partial(
+        jnp.repeat, repeats=num_samples, total_repeat_length=batch * num_samples
+    )
     return Prefix(
         cache=_constrain_cache(cfg, jax.tree.map(lambda c: repeat(c, axis=1), aux["cache"])),
         key_valid=repeat(key_valid, axis=0),
@@ -182,24 +212,49 @@ def _constrain_cache(cfg: ModelConfig, cache: dict) -> dict:
         return cache
     mesh = cfg.activation_sharding.mesh
     spec = sharding.logical_spec(sharding.KV_CACHE_AXES, cache["k"].shape, mesh, strict=())
-    return jax.tree.map(lambda c: jax.lax.with_sharding_constraint(c, jax.sharding.NamedSharding(mesh, spec)), cache)
+    return jax.tree.map(
+        lambda c: jax.lax.with_sharding_constraint(c, jax.sharding.NamedSharding(mesh, spec)), cache
+    )
 
 
-def extend_core(cfg: ModelConfig, params, prefix: Prefix, tokens: jax.Array, mask: jax.Array, *, with_logprobs: bool):
+def extend_core(
+    cfg: ModelConfig,
+    params,
+    prefix: Prefix,
+    tokens: jax.Array,
+    mask: jax.Array,
+    *,
+    with_logprobs: bool,
+):
     """Returns (Prefix after the right-padded continuations tokens/mask [R, C], their logprobs [R, C] or None)."""
     rows, width = tokens.shape
     slot = prefix.next_slot
     mask = mask.astype(jnp.int32)
     offsets = jnp.cumsum(mask, axis=1) - 1  # [R, C]
-    positions = jnp.broadcast_to(prefix.next_position[:, None] + jnp.maximum(offsets, 0), (3, rows, width))
-    key_valid = jax.lax.dynamic_update_slice_in_dim(prefix.key_valid, mask.astype(bool), slot, axis=1)
+    positions = jnp.broadcast_to(
+        prefix.next_position[:, None] + jnp.maximum(offsets, 0), (3, rows, width)
+    )
+    key_valid = jax.lax.dynamic_update_slice_in_dim(
+        prefix.key_valid, mask.astype(bool), slot, axis=1
+    )
     _, aux = model.apply(
-        cfg, params, tokens, mask, positions, cache=prefix.cache, key_valid=key_valid, write_index=slot,
+        cfg,
+        params,
+        tokens,
+        mask,
+        positions,
+        cache=prefix.cache,
+        key_valid=key_valid,
+        write_index=slot,
         return_hidden=True,
     )
     lengths = mask.sum(1)  # [R]
-    last_hidden = jnp.take_along_axis(aux["hidden"], jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)
-    last_logits = jnp.where(lengths[:, None] > 0, model.lm_logits(cfg, params, last_hidden)[:, 0], prefix.last_logits)
+    last_hidden = jnp.take_along_axis(
+        aux["hidden"], jnp.maximum(lengths - 1, 0)[:, None, None], axis=1
+    )
+    last_logits = jnp.where(
+        lengths[:, None] > 0, model.lm_logits(cfg, params, last_hidden)[:, 0], prefix.last_logits
+    )
     logprobs = None
     if with_logprobs:
         # Token i is predicted by the hidden state after token i-1 (cfg.logits_chunk positions at
@@ -207,11 +262,15 @@ def extend_core(cfg: ModelConfig, params, prefix: Prefix, tokens: jax.Array, mas
         first = token_logprobs(prefix.last_logits[:, None], tokens[:, :1])
         rest = model.target_logprobs(cfg, params, aux["hidden"][:, :-1], tokens[:, 1:])  # [R, C-1]
         logprobs = jnp.where(mask > 0, jnp.concatenate([first, rest], axis=1), 0.0)
-    new_prefix = Prefix(aux["cache"], key_valid, prefix.next_position + lengths, last_logits, slot + width)
+    new_prefix = Prefix(
+        aux["cache"], key_valid, prefix.next_position + lengths, last_logits, slot + width
+    )
     return new_prefix, logprobs
 
 
-def decode_core(cfg: ModelConfig, params, prefix: Prefix, rng: jax.Array, *, sampler: Sampler) -> tuple[SampleOutput, dict]:
+def decode_core(
+    cfg: ModelConfig, params, prefix: Prefix, rng: jax.Array, *, sampler: Sampler
+) -> tuple[SampleOutput, dict]:
     """Returns (up to sampler.max_new_tokens tokens per row decoded from prefix in one lax.while_loop,
     the final cache, which holds every generated token but the last)."""
     rows = prefix.last_logits.shape[0]
@@ -219,7 +278,7 @@ def decode_core(cfg: ModelConfig, params, prefix: Prefix, rng: jax.Array, *, sam
     row_keys = jax.random.split(rng, rows)
     eos = jnp.asarray(sampler.eos_token_ids or (-1,), jnp.int32)
     # Every reserved slot is valid from here on: the causal mask hides the ones not yet written.
-    key_valid = prefix.key_valid.at[:, prefix.next_slot:].set(True)
+    key_valid = prefix.key_valid.at[:, prefix.next_slot :].set(True)
 
     def record(state, logits):
         t, done = state["t"], state["done"]
@@ -240,7 +299,13 @@ def decode_core(cfg: ModelConfig, params, prefix: Prefix, rng: jax.Array, *, sam
         token = jax.lax.dynamic_index_in_dim(state["tokens"], t - 1, axis=1)  # [R, 1]
         positions = jnp.broadcast_to(prefix.next_position[:, None] + t - 1, (3, rows, 1))
         logits, aux = model.apply(
-            cfg, params, token, jnp.ones_like(token), positions, cache=state["cache"], key_valid=key_valid,
+            cfg,
+            params,
+            token,
+            jnp.ones_like(token),
+            positions,
+            cache=state["cache"],
+            key_valid=key_valid,
             write_index=prefix.next_slot + t - 1,
         )
         return record(dict(state, cache=aux["cache"]), logits[:, 0])
@@ -260,7 +325,9 @@ def decode_core(cfg: ModelConfig, params, prefix: Prefix, rng: jax.Array, *, sam
     return SampleOutput(state["tokens"], state["logprobs"], state["lengths"]), state["cache"]
 
 
-def completion_logprobs(cfg: ModelConfig, params, prompt: Prompt, completion, completion_mask, *, num_samples: int = 1):
+def completion_logprobs(
+    cfg: ModelConfig, params, prompt: Prompt, completion, completion_mask, *, num_samples: int = 1
+):
     """Returns logprobs [B*N, T] float32 of right-padded completions [B*N, T] after prompts [B] (0 at padding).
 
     Pure and differentiable (use it inside a jitted loss): each prompt is encoded once for its
@@ -273,33 +340,50 @@ def completion_logprobs(cfg: ModelConfig, params, prompt: Prompt, completion, co
 # The jitted programs `prefill` / `extend` / `decode` / `sequence_logprobs` run (the memory plan
 # lowers prefill_jit and decode_jit ahead of time).
 prefill_jit = jax.jit(prefill_core, static_argnames=("cfg", "reserve", "num_samples"))
-_extend_jit = jax.jit(extend_core, static_argnames=("cfg", "with_logprobs"), donate_argnames=("prefix",))
+_extend_jit = jax.jit(
+    extend_core, static_argnames=("cfg", "with_logprobs"), donate_argnames=("prefix",)
+)
+
+
 def _decode_in_place(cfg, cache, params, prefix, rng, sampler):
     # The cache goes in as its own argument so that donating it lets the loop write it in place.
     return decode_core(cfg, params, dataclasses.replace(prefix, cache=cache), rng, sampler=sampler)
 
 
-decode_jit = jax.jit(_decode_in_place, static_argnames=("cfg", "sampler"), donate_argnames=("cache",))
+decode_jit = jax.jit(
+    _decode_in_place, static_argnames=("cfg", "sampler"), donate_argnames=("cache",)
+)
 _score_jit = jax.jit(completion_logprobs, static_argnames=("cfg", "num_samples"))
 
 
 def program_counts() -> dict[str, int]:
     """Returns how many programs prefill / extend / decode / score hold compiled in this process."""
-    jitted = {"prefill": prefill_jit, "extend": _extend_jit, "decode": decode_jit, "score": _score_jit}
+    jitted = {
+        "prefill": prefill_jit,
+        "extend": _extend_jit,
+        "decode": decode_jit,
+        "score": _score_jit,
+    }
     return {name: fn._cache_size() for name, fn in jitted.items()}
 
 
 # ----------------------------------------------------------------------------- public API
-def _sampler(max_new_tokens, temperature, top_k, top_p, eos_token_ids, pad_id, rng) -> tuple[Sampler, jax.Array]:
+def _sampler(
+    max_new_tokens, temperature, top_k, top_p, eos_token_ids, pad_id, rng
+) -> tuple[Sampler, jax.Array]:
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-        raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}")
+        raise ValueError(
+            f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}"
+        )
     if temperature > 0 and rng is None:
         raise ValueError("sampling (temperature > 0) needs an rng")
     rng = jax.random.key(0) if rng is None else jax.random.key(rng) if isinstance(rng, int) else rng
     eos = () if eos_token_ids is None else tuple(int(i) for i in np.atleast_1d(eos_token_ids))
-    return Sampler(max_new_tokens, float(temperature), int(top_k), float(top_p), eos, int(pad_id)), rng
+    return Sampler(
+        max_new_tokens, float(temperature), int(top_k), float(top_p), eos, int(pad_id)
+    ), rng
 
 
 def _check_room(prefix: Prefix, needed: int) -> None:
@@ -314,7 +398,9 @@ def _rows(mesh, x, dim=0):
     x = np.asarray(x)
     if mesh is None:
         return jnp.asarray(x)
-    return distributed.global_from_full(x, sharding.batch_sharding(mesh, x.shape, dim, strict=False))
+    return distributed.global_from_full(
+        x, sharding.batch_sharding(mesh, x.shape, dim, strict=False)
+    )
 
 
 def place_prompt(mesh, prompt: Prompt, *, stacked: bool = False) -> Prompt:
@@ -326,19 +412,29 @@ def place_prompt(mesh, prompt: Prompt, *, stacked: bool = False) -> Prompt:
     if mesh is None:
         return prompt
     lead = int(stacked)
-    whole = lambda tree: jax.tree.map(lambda x: distributed.global_from_full(x, sharding.replicated(mesh)), tree)
+    whole = lambda tree: jax.tree.map(
+        lambda x: distributed.global_from_full(x, sharding.replicated(mesh)), tree
+    )
     return dataclasses.replace(
-        prompt, input_ids=_rows(mesh, prompt.input_ids, lead), attention_mask=_rows(mesh, prompt.attention_mask, lead),
-        positions=_rows(mesh, prompt.positions, lead + 1), next_position=_rows(mesh, prompt.next_position, lead),
+        prompt,
+        input_ids=_rows(mesh, prompt.input_ids, lead),
+        attention_mask=_rows(mesh, prompt.attention_mask, lead),
+        positions=_rows(mesh, prompt.positions, lead + 1),
+        next_position=_rows(mesh, prompt.next_position, lead),
         pixel_values=None if prompt.pixel_values is None else whole(prompt.pixel_values),
-        vision=None if prompt.vision is None else whole(prompt.vision))
+        vision=None if prompt.vision is None else whole(prompt.vision),
+    )
 
 
 def _place_key(mesh, rng):
     """Returns the key replicated on `mesh` (unless it already lives there)."""
-    if mesh is None or (isinstance(rng.sharding, jax.sharding.NamedSharding) and rng.sharding.mesh == mesh):
+    if mesh is None or (
+        isinstance(rng.sharding, jax.sharding.NamedSharding) and rng.sharding.mesh == mesh
+    ):
         return rng
-    data = distributed.global_from_full(np.asarray(jax.random.key_data(rng)), sharding.replicated(mesh))
+    data = distributed.global_from_full(
+        np.asarray(jax.random.key_data(rng)), sharding.replicated(mesh)
+    )
     return jax.random.wrap_key_data(data, impl=jax.random.key_impl(rng))
 
 
@@ -349,7 +445,12 @@ def _filler_rows(cfg: ModelConfig, input_ids, attention_mask, multiple: int):
     extra = -ids.shape[0] % multiple
     if not extra:
         return ids, mask, 0
-    vision_ids = {cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id}
+    vision_ids = {
+        cfg.image_token_id,
+        cfg.video_token_id,
+        cfg.vision_start_token_id,
+        cfg.vision_end_token_id,
+    }
     filler = next(t for t in (int(ids[0, -1]), 0, 1, 2) if t not in vision_ids)
     pad_ids = np.zeros((extra, ids.shape[1]), ids.dtype)
     pad_ids[:, -1] = filler
@@ -376,9 +477,21 @@ def _first_rows(out: SampleOutput, rows: int) -> SampleOutput:
     return SampleOutput(out.tokens[:rows], out.logprobs[:rows], out.lengths[:rows])
 
 
-def prefill(cfg: ModelConfig, params, input_ids, attention_mask=None, pixel_values=None, image_grid_thw=None, *, reserve: int, num_samples: int = 1) -> Prefix:
+def prefill(
+    cfg: ModelConfig,
+    params,
+    input_ids,
+    attention_mask=None,
+    pixel_values=None,
+    image_grid_thw=None,
+    *,
+    reserve: int,
+    num_samples: int = 1,
+) -> Prefix:
     """Returns the Prefix [B*N rows] of B left-padded prompts, each encoded once, with `reserve` free slots."""
-    prompt = prepare_prompt(cfg, input_ids, attention_mask, pixel_values, image_grid_thw, reserve=reserve)
+    prompt = prepare_prompt(
+        cfg, input_ids, attention_mask, pixel_values, image_grid_thw, reserve=reserve
+    )
     prompt = place_prompt(sharding.mesh_of(params), prompt)
     return prefill_jit(cfg, params, prompt, reserve=reserve, num_samples=num_samples)
 
@@ -391,32 +504,88 @@ def extend(cfg: ModelConfig, params, prefix: Prefix, tokens, mask) -> Prefix:
     return _extend_jit(cfg, params, prefix, tokens, mask, with_logprobs=False)[0]
 
 
-def decode(cfg: ModelConfig, params, prefix: Prefix, *, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-           top_k: int = 0, eos_token_ids=None, rng=None, pad_id: int = 0) -> SampleOutput:
+def decode(
+    cfg: ModelConfig,
+    params,
+    prefix: Prefix,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    eos_token_ids=None,
+    rng=None,
+    pad_id: int = 0,
+) -> SampleOutput:
     """Returns up to max_new_tokens tokens per row of prefix (consumed; donated to the decode loop)."""
     sampler, rng = _sampler(max_new_tokens, temperature, top_k, top_p, eos_token_ids, pad_id, rng)
     _check_room(prefix, max_new_tokens)
     rng = _place_key(sharding.mesh_of(params), rng)
-    out, _ = decode_jit(cfg, prefix.cache, params, dataclasses.replace(prefix, cache=None), rng, sampler=sampler)
+    out, _ = decode_jit(
+        cfg, prefix.cache, params, dataclasses.replace(prefix, cache=None), rng, sampler=sampler
+    )
     return out
 
 
-def generate(cfg: ModelConfig, params, input_ids, attention_mask, pixel_values=None, image_grid_thw=None, *,
-             max_new_tokens: int, num_samples: int = 1, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-             eos_token_ids=None, rng=None, pad_id: int = 0) -> SampleOutput:
+def generate(
+    cfg: ModelConfig,
+    params,
+    input_ids,
+    attention_mask,
+    pixel_values=None,
+    image_grid_thw=None,
+    *,
+    max_new_tokens: int,
+    num_samples: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    eos_token_ids=None,
+    rng=None,
+    pad_id: int = 0,
+) -> SampleOutput:
     """Returns num_samples continuations of each prompt: tokens / logprobs [B*N, T], lengths [B*N] (DESIGN contract)."""
     _, multiple = _row_multiple(params)
     input_ids, attention_mask, extra = _filler_rows(cfg, input_ids, attention_mask, multiple)
-    prefix = prefill(cfg, params, input_ids, attention_mask, pixel_values, image_grid_thw,
-                     reserve=max_new_tokens, num_samples=num_samples)
-    out = decode(cfg, params, prefix, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                 top_k=top_k, eos_token_ids=eos_token_ids, rng=rng, pad_id=pad_id)
+    prefix = prefill(
+        cfg,
+        params,
+        input_ids,
+        attention_mask,
+        pixel_values,
+        image_grid_thw,
+        reserve=max_new_tokens,
+        num_samples=num_samples,
+    )
+    out = decode(
+        cfg,
+        params,
+        prefix,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        eos_token_ids=eos_token_ids,
+        rng=rng,
+        pad_id=pad_id,
+    )
     return _first_rows(out, (input_ids.shape[0] - extra) * num_samples)
 
 
-def generate_with_shared_prefix(cfg: ModelConfig, params, input_ids, attention_mask, pixel_values=None, image_grid_thw=None,
-                                *, continuations, continuation_mask, max_new_tokens: int, num_samples: int,
-                                **decode_kwargs) -> SampleOutput:
+def generate_with_shared_prefix(
+    cfg: ModelConfig,
+    params,
+    input_ids,
+    attention_mask,
+    pixel_values=None,
+    image_grid_thw=None,
+    *,
+    continuations,
+    continuation_mask,
+    max_new_tokens: int,
+    num_samples: int,
+    **decode_kwargs,
+) -> SampleOutput:
     """Returns generations [B*N, T] after prefix b followed by continuation b*N+j ([B*N, C], right-padded).
 
     The Judge's case: the prefix (image, rubric) is encoded once per group, each of the N
@@ -428,29 +597,63 @@ def generate_with_shared_prefix(cfg: ModelConfig, params, input_ids, attention_m
     # A filler prompt's continuations are one token each.
     continuations = _append_rows(continuations, extra * num_samples, int(input_ids[-1, -1]))
     continuation_mask = np.asarray(continuation_mask)
-    continuation_mask = np.concatenate([continuation_mask, np.eye(1, continuation_mask.shape[1], dtype=continuation_mask.dtype)
-                                        .repeat(extra * num_samples, 0)])
+    continuation_mask = np.concatenate(
+        [
+            continuation_mask,
+            np.eye(1, continuation_mask.shape[1], dtype=continuation_mask.dtype).repeat(
+                extra * num_samples, 0
+            ),
+        ]
+    )
     width = bucket(continuations.shape[1], minimum=8)
     pad = ((0, 0), (0, width - continuations.shape[1]))
-    prefix = prefill(cfg, params, input_ids, attention_mask, pixel_values, image_grid_thw,
-                     reserve=width + max_new_tokens, num_samples=num_samples)
+    prefix = prefill(
+        cfg,
+        params,
+        input_ids,
+        attention_mask,
+        pixel_values,
+        image_grid_thw,
+        reserve=width + max_new_tokens,
+        num_samples=num_samples,
+    )
     prefix = extend(cfg, params, prefix, np.pad(continuations, pad), np.pad(continuation_mask, pad))
     out = decode(cfg, params, prefix, max_new_tokens=max_new_tokens, **decode_kwargs)
     return _first_rows(out, (input_ids.shape[0] - extra) * num_samples)
 
 
-def sequence_logprobs(cfg: ModelConfig, params, input_ids, attention_mask, pixel_values=None, image_grid_thw=None, *,
-                      completion, completion_mask, num_samples: int = 1) -> jax.Array:
+def sequence_logprobs(
+    cfg: ModelConfig,
+    params,
+    input_ids,
+    attention_mask,
+    pixel_values=None,
+    image_grid_thw=None,
+    *,
+    completion,
+    completion_mask,
+    num_samples: int = 1,
+) -> jax.Array:
     """Returns logprobs [B*N, T] float32 of completions [B*N, T] (right-padded) after B prompts; 0 at padding."""
     mesh, multiple = _row_multiple(params)
     input_ids, attention_mask, extra = _filler_rows(cfg, input_ids, attention_mask, multiple)
     rows = completion.shape[0] if hasattr(completion, "shape") else len(completion)
     completion = _append_rows(np.asarray(completion, np.int32), extra * num_samples)
-    completion_mask = _append_rows(np.asarray(completion_mask, np.int32), extra * num_samples)  # scores nothing
+    completion_mask = _append_rows(
+        np.asarray(completion_mask, np.int32), extra * num_samples
+    )  # scores nothing
     width = bucket(completion.shape[1], minimum=8)
     pad = ((0, 0), (0, width - completion.shape[1]))
-    prompt = place_prompt(mesh, prepare_prompt(cfg, input_ids, attention_mask, pixel_values, image_grid_thw,
-                                                reserve=width))
-    logprobs = _score_jit(cfg, params, prompt, _rows(mesh, np.pad(completion, pad)),
-                          _rows(mesh, np.pad(completion_mask, pad)), num_samples=num_samples)
+    prompt = place_prompt(
+        mesh,
+        prepare_prompt(cfg, input_ids, attention_mask, pixel_values, image_grid_thw, reserve=width),
+    )
+    logprobs = _score_jit(
+        cfg,
+        params,
+        prompt,
+        _rows(mesh, np.pad(completion, pad)),
+        _rows(mesh, np.pad(completion_mask, pad)),
+        num_samples=num_samples,
+    )
     return logprobs[:rows, : completion.shape[1]]

@@ -38,8 +38,13 @@ import numpy as np
 from mocojax import processing, sampling
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
-_UNSUPPORTED = {"stream": (None, False), "stop": (None, [], ""), "top_logprobs": (None, 0), "tools": (None, []),
-                "response_format": (None, {"type": "text"})}
+_UNSUPPORTED = {
+    "stream": (None, False),
+    "stop": (None, [], ""),
+    "top_logprobs": (None, 0),
+    "tools": (None, []),
+    "response_format": (None, {"type": "text"}),
+}
 
 
 class RequestError(ValueError):
@@ -62,8 +67,9 @@ def load_model(spec, *, min_pixels=None, max_pixels=None, dtype="float32", name=
     source = suite.resolve(spec)
     if source["kind"] == "hf":
         cfg, params = hf.load_pretrained(source["path"], dtype=dtype)
-        processor = processing.Processor(processing.load_tokenizer(source["path"]), min_pixels=min_pixels,
-                                         max_pixels=max_pixels)
+        processor = processing.Processor(
+            processing.load_tokenizer(source["path"]), min_pixels=min_pixels, max_pixels=max_pixels
+        )
     elif source["kind"] == "workdir":
         import ml_collections
 
@@ -71,7 +77,9 @@ def load_model(spec, *, min_pixels=None, max_pixels=None, dtype="float32", name=
 
         config_file = os.path.join(source["path"], "config.json")
         if not os.path.isfile(config_file):
-            raise suite.SpecError(f"{spec}: the workdir has no config.json (written by mocojax.main)")
+            raise suite.SpecError(
+                f"{spec}: the workdir has no config.json (written by mocojax.main)"
+            )
         with open(config_file) as f:
             config = ml_collections.ConfigDict(json.load(f))
         setup = config_utils.build_setup(config, source["path"])
@@ -110,8 +118,10 @@ class Request:
 
 def _image(url, where, max_image_pixels):
     if not isinstance(url, str) or not url.startswith("data:"):
-        raise RequestError(f"{where}: only base64 data: URLs are accepted (the server fetches nothing), "
-                           f"got {str(url)[:40]!r}")
+        raise RequestError(
+            f"{where}: only base64 data: URLs are accepted (the server fetches nothing), "
+            f"got {str(url)[:40]!r}"
+        )
     header, sep, payload = url.partition(",")
     if not sep or not header.endswith(";base64"):
         raise RequestError(f"{where}: want data:image/...;base64,<payload>")
@@ -138,10 +148,14 @@ def _content(content, where, max_image_pixels):
         elif kind == "image_url":
             image_url = part.get("image_url")
             url = image_url.get("url") if isinstance(image_url, dict) else image_url
-            parts.append({"type": "image", "image": _image(url, f"{where} part {k}", max_image_pixels)})
+            parts.append(
+                {"type": "image", "image": _image(url, f"{where} part {k}", max_image_pixels)}
+            )
         else:
-            raise RequestError(f"{where} part {k}: want {{'type': 'text', 'text': ...}} or "
-                               f"{{'type': 'image_url', 'image_url': {{'url': 'data:...'}}}}")
+            raise RequestError(
+                f"{where} part {k}: want {{'type': 'text', 'text': ...}} or "
+                f"{{'type': 'image_url', 'image_url': {{'url': 'data:...'}}}}"
+            )
     return parts
 
 
@@ -150,7 +164,9 @@ def _number(body, key, default, kind, low, high):
     if value is None:
         value = default
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise RequestError(f"{key} must be {'a number' if kind is float else 'an integer'}, got {value!r}")
+        raise RequestError(
+            f"{key} must be {'a number' if kind is float else 'an integer'}, got {value!r}"
+        )
     if not low <= value <= high:
         raise RequestError(f"{key}={value} is outside [{low}, {high}]")
     return kind(value)
@@ -168,8 +184,14 @@ def parse_request(body, *, max_tokens_limit, max_n, max_image_pixels=processing.
         raise RequestError("messages must be a non-empty list")
     conversation = []
     for k, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant"):
-            raise RequestError(f"message {k}: want {{'role': system|user|assistant, 'content': ...}}")
+        if not isinstance(message, dict) or message.get("role") not in (
+            "system",
+            "user",
+            "assistant",
+        ):
+            raise RequestError(
+                f"message {k}: want {{'role': system|user|assistant, 'content': ...}}"
+            )
         content = _content(message.get("content", ""), f"message {k}", max_image_pixels)
         conversation.append({"role": message["role"], "content": content})
     if conversation[-1]["role"] == "assistant":
@@ -177,11 +199,17 @@ def parse_request(body, *, max_tokens_limit, max_n, max_image_pixels=processing.
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise RequestError(f"seed must be an integer, got {seed!r}")
-    return Request(conversation=conversation,
-                   max_tokens=_number(body, "max_tokens", min(256, max_tokens_limit), int, 1, max_tokens_limit),
-                   temperature=_number(body, "temperature", 1.0, float, 0.0, 2.0),
-                   top_p=_number(body, "top_p", 1.0, float, 1e-6, 1.0),
-                   n=_number(body, "n", 1, int, 1, max_n), seed=seed, logprobs=bool(body.get("logprobs")))
+    return Request(
+        conversation=conversation,
+        max_tokens=_number(
+            body, "max_tokens", min(256, max_tokens_limit), int, 1, max_tokens_limit
+        ),
+        temperature=_number(body, "temperature", 1.0, float, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, float, 1e-6, 1.0),
+        n=_number(body, "n", 1, int, 1, max_n),
+        seed=seed,
+        logprobs=bool(body.get("logprobs")),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,10 +226,17 @@ class Batcher:
     """A worker thread that runs queued Requests through `sampling.generate` in batches."""
 
     def __init__(self, model, *, window_s=0.01, max_batch=16, max_tokens_limit=1024, seed=0):
-        self.model, self.window_s, self.max_batch, self.max_tokens_limit = model, window_s, max_batch, max_tokens_limit
+        self.model, self.window_s, self.max_batch, self.max_tokens_limit = (
+            model,
+            window_s,
+            max_batch,
+            max_tokens_limit,
+        )
         self._queue, self._rng, self._calls = queue.Queue(), jax.random.key(seed), 0
         self.batch_sizes = []  # prompts per sampler call, in order (for tests and logs)
-        self._thread = threading.Thread(target=self._loop, name="mocojax-serve-batcher", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name="mocojax-serve-batcher", daemon=True
+        )
         self._thread.start()
 
     def submit(self, request):
@@ -238,8 +273,11 @@ class Batcher:
             results = self.generate(group)
         except Exception as error:  # noqa: BLE001 - one bad prompt must not fail the others: run each alone
             if len(group) == 1:
-                group[0].future.set_exception(RequestError(str(error)) if isinstance(error, (ValueError, TypeError))
-                                              else error)
+                group[0].future.set_exception(
+                    RequestError(str(error))
+                    if isinstance(error, (ValueError, TypeError))
+                    else error
+                )
                 return
             for request in group:
                 self._run_group([request])
@@ -265,10 +303,21 @@ class Batcher:
             self._calls += 1
             rng = jax.random.fold_in(self._rng, self._calls)
         steps = _bucket(max(r.max_tokens for r in group), self.max_tokens_limit)
-        out = sampling.generate(model.cfg, model.params, batch["input_ids"], batch["attention_mask"],
-                                batch["pixel_values"], batch["image_grid_thw"], max_new_tokens=steps,
-                                num_samples=head.n, temperature=head.temperature, top_p=head.top_p,
-                                eos_token_ids=processor.eos_token_ids, pad_id=processor.pad_token_id, rng=rng)
+        out = sampling.generate(
+            model.cfg,
+            model.params,
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["pixel_values"],
+            batch["image_grid_thw"],
+            max_new_tokens=steps,
+            num_samples=head.n,
+            temperature=head.temperature,
+            top_p=head.top_p,
+            eos_token_ids=processor.eos_token_ids,
+            pad_id=processor.pad_token_id,
+            rng=rng,
+        )
         tokens, logprobs, lengths = (np.asarray(x) for x in (out.tokens, out.logprobs, out.lengths))
         prompt_tokens = np.asarray(batch["attention_mask"]).sum(axis=1)
         eos = set(int(t) for t in processor.eos_token_ids)
@@ -281,8 +330,14 @@ class Batcher:
                 ids = [int(t) for t in tokens[row, :length]]
                 stopped = bool(ids) and ids[-1] in eos
                 content = ids[:-1] if stopped else ids
-                choices.append({"ids": content, "logprobs": [float(x) for x in logprobs[row, :len(content)]],
-                                "generated": length, "finish_reason": "stop" if stopped else "length"})
+                choices.append(
+                    {
+                        "ids": content,
+                        "logprobs": [float(x) for x in logprobs[row, : len(content)]],
+                        "generated": length,
+                        "finish_reason": "stop" if stopped else "length",
+                    }
+                )
             results.append({"choices": choices, "prompt_tokens": int(prompt_tokens[b])})
         return results
 
@@ -296,15 +351,40 @@ def completion_body(model, request, result):
         logprobs = None
         if request.logprobs:
             pieces = [tokenizer.decode([t]) for t in choice["ids"]]
-            logprobs = {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode("utf-8")), "top_logprobs": []}
-                                    for p, lp in zip(pieces, choice["logprobs"])]}
-        choices.append({"index": j, "finish_reason": choice["finish_reason"], "logprobs": logprobs,
-                        "message": {"role": "assistant",
-                                    "content": tokenizer.decode(choice["ids"], skip_special_tokens=True)}})
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": model.name, "choices": choices,
-            "usage": {"prompt_tokens": result["prompt_tokens"], "completion_tokens": completion_tokens,
-                      "total_tokens": result["prompt_tokens"] + completion_tokens}}
+            logprobs = {
+                "content": [
+                    {
+                        "token": p,
+                        "logprob": lp,
+                        "bytes": list(p.encode("utf-8")),
+                        "top_logprobs": [],
+                    }
+                    for p, lp in zip(pieces, choice["logprobs"])
+                ]
+            }
+        choices.append(
+            {
+                "index": j,
+                "finish_reason": choice["finish_reason"],
+                "logprobs": logprobs,
+                "message": {
+                    "role": "assistant",
+                    "content": tokenizer.decode(choice["ids"], skip_special_tokens=True),
+                },
+            }
+        )
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model.name,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": result["prompt_tokens"],
+            "completion_tokens": completion_tokens,
+            "total_tokens": result["prompt_tokens"] + completion_tokens,
+        },
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -315,11 +395,20 @@ def completion_body(model, request, result):
 def _error(status, message, kind="invalid_request_error"):
     from starlette.responses import JSONResponse
 
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "code": status}}, status_code=status
+    )
 
 
-def make_app(model, batcher, *, max_tokens_limit=1024, max_n=16, max_body_bytes=DEFAULT_MAX_BODY_BYTES,
-             max_image_pixels=processing.MAX_IMAGE_PIXELS):
+def make_app(
+    model,
+    batcher,
+    *,
+    max_tokens_limit=1024,
+    max_n=16,
+    max_body_bytes=DEFAULT_MAX_BODY_BYTES,
+    max_image_pixels=processing.MAX_IMAGE_PIXELS,
+):
     """Returns the Starlette app that answers the OpenAI routes from batcher."""
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse
@@ -328,23 +417,36 @@ def make_app(model, batcher, *, max_tokens_limit=1024, max_n=16, max_body_bytes=
     async def chat_completions(request):
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-            return _error(413, f"request body of {declared} bytes exceeds the server's limit of {max_body_bytes} bytes")
+            return _error(
+                413,
+                f"request body of {declared} bytes exceeds the server's limit of {max_body_bytes} bytes",
+            )
         raw = bytearray()
         async for chunk in request.stream():
             raw += chunk
             if len(raw) > max_body_bytes:
-                return _error(413, f"request body exceeds the server's limit of {max_body_bytes} bytes")
+                return _error(
+                    413, f"request body exceeds the server's limit of {max_body_bytes} bytes"
+                )
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return _error(400, f"the body is not valid JSON: {e}")
         if isinstance(body, dict) and body.get("model") not in (None, model.name):
-            return _error(404, f"model {body.get('model')!r} is not served here (this server has {model.name!r})",
-                          "not_found_error")
+            return _error(
+                404,
+                f"model {body.get('model')!r} is not served here (this server has {model.name!r})",
+                "not_found_error",
+            )
         try:
             # Images are decoded off the event loop (they can be large).
-            parsed = await asyncio.to_thread(parse_request, body, max_tokens_limit=max_tokens_limit, max_n=max_n,
-                                             max_image_pixels=max_image_pixels)
+            parsed = await asyncio.to_thread(
+                parse_request,
+                body,
+                max_tokens_limit=max_tokens_limit,
+                max_n=max_n,
+                max_image_pixels=max_image_pixels,
+            )
             result = await asyncio.wrap_future(batcher.submit(parsed))
         except RequestError as e:
             return _error(400, str(e))
@@ -353,22 +455,38 @@ def make_app(model, batcher, *, max_tokens_limit=1024, max_n=16, max_body_bytes=
         return JSONResponse(completion_body(model, parsed, result))
 
     async def models(_):
-        return JSONResponse({"object": "list", "data": [{"id": model.name, "object": "model", "owned_by": "mocojax"}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": model.name, "object": "model", "owned_by": "mocojax"}],
+            }
+        )
 
     async def health(_):
         return JSONResponse({"status": "ok"})
 
-    return Starlette(routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-                             Route("/v1/models", models), Route("/health", health)])
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models),
+            Route("/health", health),
+        ]
+    )
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m mocojax.serve", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m mocojax.serve", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--model", required=True, help="HF directory or workdir[@rl|@sft]")
-    parser.add_argument("--name", default=None, help="model name in requests and replies (default: the directory's)")
+    parser.add_argument(
+        "--name", default=None, help="model name in requests and replies (default: the directory's)"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--max_batch", type=int, default=16, help="prompts per sampler call at most")
+    parser.add_argument(
+        "--max_batch", type=int, default=16, help="prompts per sampler call at most"
+    )
     parser.add_argument("--batch_window_ms", type=float, default=10.0)
     parser.add_argument("--max_tokens_limit", type=int, default=1024)
     parser.add_argument("--max_n", type=int, default=16)
@@ -377,7 +495,9 @@ def main(argv=None):
     parser.add_argument("--min_pixels", type=int, default=None)
     parser.add_argument("--max_pixels", type=int, default=None)
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--seed", type=int, default=0, help="server rng for unseeded sampled requests")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="server rng for unseeded sampled requests"
+    )
     args = parser.parse_args(argv)
 
     import uvicorn
@@ -385,14 +505,30 @@ def main(argv=None):
     from mocojax.eval import suite
 
     try:
-        model = load_model(args.model, min_pixels=args.min_pixels, max_pixels=args.max_pixels, dtype=args.dtype,
-                           name=args.name)
+        model = load_model(
+            args.model,
+            min_pixels=args.min_pixels,
+            max_pixels=args.max_pixels,
+            dtype=args.dtype,
+            name=args.name,
+        )
     except suite.SpecError as e:
         parser.exit(2, f"mocojax.serve: {e}\n")
-    batcher = Batcher(model, window_s=args.batch_window_ms / 1000, max_batch=args.max_batch,
-                      max_tokens_limit=args.max_tokens_limit, seed=args.seed)
-    app = make_app(model, batcher, max_tokens_limit=args.max_tokens_limit, max_n=args.max_n,
-                   max_body_bytes=int(args.max_body_mb * 2**20), max_image_pixels=args.max_image_pixels)
+    batcher = Batcher(
+        model,
+        window_s=args.batch_window_ms / 1000,
+        max_batch=args.max_batch,
+        max_tokens_limit=args.max_tokens_limit,
+        seed=args.seed,
+    )
+    app = make_app(
+        model,
+        batcher,
+        max_tokens_limit=args.max_tokens_limit,
+        max_n=args.max_n,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_image_pixels=args.max_image_pixels,
+    )
     print(f"mocojax.serve: {model.name} on http://{args.host}:{args.port}/v1", flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

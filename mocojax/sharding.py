@@ -70,7 +70,9 @@ def parse_mesh(spec: str | Mapping[str, int] | MeshAxes | None) -> MeshAxes:
         for item in filter(None, (s.strip() for s in spec.split(","))):
             name, _, size = item.partition("=")
             if not size:
-                raise ValueError(f"mesh item {item!r} must look like name=size (e.g. 'fsdp=4,tensor=2')")
+                raise ValueError(
+                    f"mesh item {item!r} must look like name=size (e.g. 'fsdp=4,tensor=2')"
+                )
             pairs.append((name.strip(), int(size)))
         return tuple(pairs)
     if isinstance(spec, Mapping) or hasattr(spec, "items"):
@@ -89,10 +91,14 @@ def resolve_mesh_shape(axes: MeshAxes, num_devices: int) -> tuple[tuple[str, ...
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if num_devices % known:
-            raise ValueError(f"mesh {dict(axes)}: {num_devices} devices do not split into the fixed axes ({known})")
+            raise ValueError(
+                f"mesh {dict(axes)}: {num_devices} devices do not split into the fixed axes ({known})"
+            )
         sizes[sizes.index(-1)] = num_devices // known
     if math.prod(sizes) != num_devices:
-        raise ValueError(f"mesh {dict(zip(names, sizes))} needs {math.prod(sizes)} devices, have {num_devices}")
+        raise ValueError(
+            f"mesh {dict(zip(names, sizes))} needs {math.prod(sizes)} devices, have {num_devices}"
+        )
     return names, tuple(sizes)
 
 
@@ -103,7 +109,14 @@ def make_mesh(axes: str | Mapping[str, int] | MeshAxes | None = None, devices=No
     return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names), devices=devices)
 
 
-def logical_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules: Rules = DEFAULT_RULES, *, strict: Sequence[str] = ("batch",)) -> P:
+def logical_spec(
+    axes: Sequence[str | None],
+    shape: Sequence[int],
+    mesh: Mesh,
+    rules: Rules = DEFAULT_RULES,
+    *,
+    strict: Sequence[str] = ("batch",),
+) -> P:
     """Returns the PartitionSpec of an array with logical `axes` and `shape` under `rules` (see module doc)."""
     table = dict(rules)
     used: set[str] = set()
@@ -113,17 +126,27 @@ def logical_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh, r
             spec.append(None)
             continue
         if name not in table:
-            raise ValueError(f"no sharding rule for logical axis {name!r}; rules cover {sorted(table)}")
+            raise ValueError(
+                f"no sharding rule for logical axis {name!r}; rules cover {sorted(table)}"
+            )
         rule = table[name]
         mesh_axes = () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
         mesh_axes = tuple(a for a in mesh_axes if a in mesh.shape and a not in used)
         ways = math.prod(mesh.shape[a] for a in mesh_axes)
         if ways > 1 and size % ways:
             if name in strict:
-                raise ValueError(f"{name} dim of size {size} does not divide over mesh axes {mesh_axes} ({ways} ways)")
+                raise ValueError(
+                    f"{name} dim of size {size} does not divide over mesh axes {mesh_axes} ({ways} ways)"
+                )
             if (name, size, mesh_axes) not in _warned:
                 _warned.add((name, size, mesh_axes))
-                logging.warning("sharding: %s dim of size %d does not divide over %s (%d ways); replicated", name, size, mesh_axes, ways)
+                logging.warning(
+                    "sharding: %s dim of size %d does not divide over %s (%d ways); replicated",
+                    name,
+                    size,
+                    mesh_axes,
+                    ways,
+                )
             mesh_axes = ()
         used.update(mesh_axes)
         spec.append(None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
@@ -152,13 +175,17 @@ def batch_ways(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> int:
     return math.prod(mesh.shape[a] for a in batch_axes(mesh, rules))
 
 
-def model_config(cfg: model.ModelConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> model.ModelConfig:
+def model_config(
+    cfg: model.ModelConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES
+) -> model.ModelConfig:
     """Returns cfg whose decoder pins hidden states [B, L, D] to rows over the data axes (B must divide them).
 
     Without it XLA follows the weights, split on embed by fsdp, and shards activations by
     embed with the full batch on every device: at 8B, 2048 tokens, 4x the memory per row.
     """
-    return cfg.replace(activation_sharding=NamedSharding(mesh, P(batch_axes(mesh, rules) or None, None, None)))
+    return cfg.replace(
+        activation_sharding=NamedSharding(mesh, P(batch_axes(mesh, rules) or None, None, None))
+    )
 
 
 def param_shardings(cfg: model.ModelConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES):
@@ -166,20 +193,36 @@ def param_shardings(cfg: model.ModelConfig, mesh: Mesh, rules: Rules = DEFAULT_R
     axes = model.param_axes(cfg)
     shapes = model.abstract_params(cfg)
     return jax.tree.map(
-        lambda a, s: logical_sharding(mesh, a, s.shape, rules), axes, shapes, is_leaf=lambda x: isinstance(x, tuple)
+        lambda a, s: logical_sharding(mesh, a, s.shape, rules),
+        axes,
+        shapes,
+        is_leaf=lambda x: isinstance(x, tuple),
     )
 
 
-def optimizer_shardings(optimizer: optax.GradientTransformation, params_abstract, params_shardings, mesh: Mesh):
+def optimizer_shardings(
+    optimizer: optax.GradientTransformation, params_abstract, params_shardings, mesh: Mesh
+):
     """Returns shardings of optimizer.init(params): param-shaped leaves (Adam mu, nu) mirror the params, the rest replicated."""
     state = jax.eval_shape(optimizer.init, params_abstract)
     return optax.tree_map_params(
-        optimizer, lambda _, s: s, state, params_shardings,
-        transform_non_params=lambda _: replicated(mesh), is_leaf=lambda x: isinstance(x, NamedSharding),
+        optimizer,
+        lambda _, s: s,
+        state,
+        params_shardings,
+        transform_non_params=lambda _: replicated(mesh),
+        is_leaf=lambda x: isinstance(x, NamedSharding),
     )
 
 
-def train_state_shardings(cfg: model.ModelConfig, mesh: Mesh, optimizer, rules: Rules = DEFAULT_RULES, *, with_momentum: bool = True):
+def train_state_shardings(
+    cfg: model.ModelConfig,
+    mesh: Mesh,
+    optimizer,
+    rules: Rules = DEFAULT_RULES,
+    *,
+    with_momentum: bool = True,
+):
     """Returns shardings of the train state {"params", "opt_state", "momentum"?, "step", "rng"}."""
     params = param_shardings(cfg, mesh, rules)
     out = {
@@ -193,7 +236,16 @@ def train_state_shardings(cfg: model.ModelConfig, mesh: Mesh, optimizer, rules: 
     return out
 
 
-def init_train_state(cfg: model.ModelConfig, mesh: Mesh, optimizer, rng, rules: Rules = DEFAULT_RULES, *, params=None, with_momentum: bool = True):
+def init_train_state(
+    cfg: model.ModelConfig,
+    mesh: Mesh,
+    optimizer,
+    rng,
+    rules: Rules = DEFAULT_RULES,
+    *,
+    params=None,
+    with_momentum: bool = True,
+):
     """Returns (train state, its shardings), every leaf born on its sharding.
 
     Fresh parameters come from model.init_params(cfg, rng) inside one jit whose
@@ -204,19 +256,31 @@ def init_train_state(cfg: model.ModelConfig, mesh: Mesh, optimizer, rng, rules: 
     shardings = train_state_shardings(cfg, mesh, optimizer, rules, with_momentum=with_momentum)
 
     def build(params, rng):
-        state = {"params": params, "opt_state": optimizer.init(params), "step": jnp.zeros((), jnp.int32), "rng": rng}
+        state = {
+            "params": params,
+            "opt_state": optimizer.init(params),
+            "step": jnp.zeros((), jnp.int32),
+            "rng": rng,
+        }
         if with_momentum:
             state["momentum"] = momentum.init_momentum(params)
         return state
 
     if params is None:
-        init = jax.jit(lambda rng: build(model.init_params(cfg, jax.random.fold_in(rng, 0)), rng), out_shardings=shardings)
+        init = jax.jit(
+            lambda rng: build(model.init_params(cfg, jax.random.fold_in(rng, 0)), rng),
+            out_shardings=shardings,
+        )
         return init(rng), shardings
-    init = jax.jit(build, in_shardings=(shardings["params"], replicated(mesh)), out_shardings=shardings)
+    init = jax.jit(
+        build, in_shardings=(shardings["params"], replicated(mesh)), out_shardings=shardings
+    )
     return init(params, rng), shardings
 
 
-def placer(cfg: model.ModelConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Callable[[str, np.ndarray], jax.Array]:
+def placer(
+    cfg: model.ModelConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES
+) -> Callable[[str, np.ndarray], jax.Array]:
     """Returns place(dotted_path, host_array) -> jax.Array on its sharding, for hf.load_pretrained.
 
     Every process reads the full tensor and hands each of its devices only that device's slice,
@@ -233,8 +297,14 @@ def placer(cfg: model.ModelConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> 
     return place
 
 
-def batch_sharding(mesh: Mesh, shape, batch_dim: int | None = 0, rules: Rules = DEFAULT_RULES, *,
-                   strict: bool = True) -> NamedSharding:
+def batch_sharding(
+    mesh: Mesh,
+    shape,
+    batch_dim: int | None = 0,
+    rules: Rules = DEFAULT_RULES,
+    *,
+    strict: bool = True,
+) -> NamedSharding:
     """Returns the sharding of one batch array: dim `batch_dim` along the data axes (None: replicated).
 
     A batch dim the data axes do not divide raises, or with strict=False is replicated (with
@@ -243,7 +313,9 @@ def batch_sharding(mesh: Mesh, shape, batch_dim: int | None = 0, rules: Rules = 
     axes = [None] * len(shape)
     if batch_dim is not None:
         axes[batch_dim] = "batch"
-    return NamedSharding(mesh, logical_spec(axes, shape, mesh, rules, strict=("batch",) if strict else ()))
+    return NamedSharding(
+        mesh, logical_spec(axes, shape, mesh, rules, strict=("batch",) if strict else ())
+    )
 
 
 def mesh_of(tree) -> Mesh | None:
@@ -264,6 +336,8 @@ def kv_cache_shardings(mesh: Mesh, shape, rules: Rules = DEFAULT_RULES) -> dict:
 def per_device_bytes(abstract_tree, shardings) -> int:
     """Returns the bytes one device holds of a tree of arrays/ShapeDtypeStructs under `shardings`."""
     sizes = jax.tree.map(
-        lambda x, s: math.prod(s.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize, abstract_tree, shardings
+        lambda x, s: math.prod(s.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize,
+        abstract_tree,
+        shardings,
     )
     return int(sum(jax.tree.leaves(sizes)))

@@ -11,13 +11,13 @@ import re
 import threading
 import time
 
+from serving_helpers import app_in_thread
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from mocojax import roles
 from mocojax.data import distill
-from serving_helpers import app_in_thread
 
 BAD_TEXT = "Sure! Here is what I think about the image, in prose and without any format."  # a bad rubric / decisions
 # A bad caption is an empty one (prose is a caption).
@@ -65,18 +65,25 @@ def answer(kind, body, j=0):
         return f"A photo {image_tag(body)} with a red kite over a beach, draw {body.get('seed', 0)}.{j}"
     if kind == "generator":
         refs = _section(text, "References:\n", "\nCandidates:\n")
-        return "\n".join(f"{k} | {3 if k == 1 else 2} | names the {' '.join(r.split()[:3]).lower()} | "
-                         "the caption says it" for k, r in enumerate(refs, 1))
+        return "\n".join(
+            f"{k} | {3 if k == 1 else 2} | names the {' '.join(r.split()[:3]).lower()} | "
+            "the caption says it"
+            for k, r in enumerate(refs, 1)
+        )
     if kind == "judge":
         items = _section(text, "Rubric:\n", "\nCaption:\n")
         caption = text.split("\nCaption:\n", 1)[1]
-        return "\n".join(f"{k} | {int('kite' in caption)} | {'named' if 'kite' in caption else 'absent'}"
-                         for k in range(1, len(items) + 1))
+        return "\n".join(
+            f"{k} | {int('kite' in caption)} | {'named' if 'kite' in caption else 'absent'}"
+            for k in range(1, len(items) + 1)
+        )
     if kind == "consensus":
         k = len(_section(text, "caption numbers.\n"))
         return f"1 | {k} | a red kite | 1, 2\n2 | 1 | a dog on the sand | 2"
     facts = _section(text, "Consensus facts:\n", "\nCandidates:\n")
-    return "\n".join(f"{k} | 3 | mentions {f} | the caption names {f}" for k, f in enumerate(facts, 1))
+    return "\n".join(
+        f"{k} | 3 | mentions {f} | the caption names {f}" for k, f in enumerate(facts, 1)
+    )
 
 
 @contextlib.contextmanager
@@ -95,11 +102,22 @@ def scripted_teacher(bad=None, status=None, delay_s=0.0):
         if code:
             return JSONResponse({"error": {"message": f"scripted {code} for {kind}"}}, code)
         is_bad = bad is not None and bad(kind, body)
-        choices = [{"index": j, "finish_reason": "stop",
-                    "message": {"role": "assistant", "content": ("" if kind == "policy" else BAD_TEXT) if is_bad
-                                else answer(kind, body, j)}}
-                   for j in range(body.get("n", 1))]
-        return JSONResponse({"object": "chat.completion", "model": body.get("model"), "choices": choices})
+        choices = [
+            {
+                "index": j,
+                "finish_reason": "stop",
+                "message": {
+                    "role": "assistant",
+                    "content": ("" if kind == "policy" else BAD_TEXT)
+                    if is_bad
+                    else answer(kind, body, j),
+                },
+            }
+            for j in range(body.get("n", 1))
+        ]
+        return JSONResponse(
+            {"object": "chat.completion", "model": body.get("model"), "choices": choices}
+        )
 
     app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
     with app_in_thread(app) as base:

@@ -11,11 +11,17 @@ from mocojax.model import ModelConfig
 
 def hf_config(cfg: ModelConfig) -> Qwen3VLConfig:
     """Returns the transformers config of a mocojax config (through config.json's dict)."""
-    d = {k: v for k, v in cfg.to_hf_dict().items() if k not in ("architectures", "model_type", "dtype")}
+    d = {
+        k: v
+        for k, v in cfg.to_hf_dict().items()
+        if k not in ("architectures", "model_type", "dtype")
+    }
     return Qwen3VLConfig(**d)
 
 
-def random_hf_model(cfg: ModelConfig, seed: int = 0, std: float = 0.15) -> Qwen3VLForConditionalGeneration:
+def random_hf_model(
+    cfg: ModelConfig, seed: int = 0, std: float = 0.15
+) -> Qwen3VLForConditionalGeneration:
     """Returns an fp32 eager-attention HF model with weights large enough that attention is not uniform.
 
     Every matrix ~ N(0, std²), biases ~ N(0, 0.05²), norm weights ~ 1 + N(0, 0.3²): a position or
@@ -41,7 +47,12 @@ def image_prompt(cfg: ModelConfig, grids, rng: np.random.Generator, text_len: in
     """Returns (ids [L], pixel_values [P, patch_dim], grid [I, 3]): text, then each image wrapped in
     vision_start/end with its image-pad tokens, then more text."""
     merge = cfg.vision.spatial_merge_size
-    special = {cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id}
+    special = {
+        cfg.image_token_id,
+        cfg.video_token_id,
+        cfg.vision_start_token_id,
+        cfg.vision_end_token_id,
+    }
     vocab = [i for i in range(cfg.text.vocab_size) if i not in special]
 
     def text(n):
@@ -49,7 +60,11 @@ def image_prompt(cfg: ModelConfig, grids, rng: np.random.Generator, text_len: in
 
     ids = text(text_len)
     for t, h, w in grids:
-        ids += [cfg.vision_start_token_id] + [cfg.image_token_id] * (t * h * w // merge**2) + [cfg.vision_end_token_id]
+        ids += (
+            [cfg.vision_start_token_id]
+            + [cfg.image_token_id] * (t * h * w // merge**2)
+            + [cfg.vision_end_token_id]
+        )
         ids += text(3)
     patches = sum(t * h * w for t, h, w in grids)
     pixels = rng.standard_normal((patches, cfg.vision.patch_dim)).astype(np.float32)
@@ -62,8 +77,8 @@ def left_pad(rows, pad_id: int = 0):
     ids = np.full((len(rows), length), pad_id, np.int64)
     mask = np.zeros((len(rows), length), np.int64)
     for b, r in enumerate(rows):
-        ids[b, length - len(r):] = r
-        mask[b, length - len(r):] = 1
+        ids[b, length - len(r) :] = r
+        mask[b, length - len(r) :] = 1
     return ids, mask
 
 
@@ -74,7 +89,9 @@ def hf_logits(model, cfg: ModelConfig, ids, mask, pixels=None, grid=None, **kw):
         inputs.update(
             pixel_values=torch.as_tensor(pixels),
             image_grid_thw=torch.as_tensor(grid),
-            mm_token_type_ids=torch.as_tensor((np.asarray(ids) == cfg.image_token_id).astype(np.int64)),
+            mm_token_type_ids=torch.as_tensor(
+                (np.asarray(ids) == cfg.image_token_id).astype(np.int64)
+            ),
         )
     with torch.no_grad():
         return model(**inputs, **kw)

@@ -5,8 +5,10 @@ by a fixed two-item rubric and decisions patterned so that rewards vary within e
 from mocojax import roles
 from mocojax.train import rollout as rollout_lib
 
-RUBRIC = (roles.RubricItem("mentions a red circle", "a red circle must be named", 3.0),
-          roles.RubricItem("the background is white", "it must be called white", 1.0))
+RUBRIC = (
+    roles.RubricItem("mentions a red circle", "a red circle must be named", 3.0),
+    roles.RubricItem("the background is white", "it must be called white", 1.0),
+)
 
 
 def patterned_roles(setattr_=setattr):

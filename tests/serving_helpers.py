@@ -26,11 +26,21 @@ def tiny_hf_dir(path):
     """Writes a tiny random Qwen3-VL (toy tokenizer, random weights) as an HF directory; returns path."""
     tokenizer_dir = toyroles.build_tokenizer(os.path.join(path, "tokenizer"))
     processor = processing.Processor(processing.load_tokenizer(tokenizer_dir))
-    cfg = model.tiny(vocab_size=-(-len(processor.tokenizer) // 64) * 64, hidden_size=32, num_layers=2, num_heads=2,
-                     num_kv_heads=1, head_dim=16, vision_depth=1, vision_hidden=32, deepstack=(0,),
-                     image_token_id=processor.image_token_id, video_token_id=processor.video_token_id,
-                     vision_start_token_id=processor.vision_start_token_id,
-                     vision_end_token_id=processor.vision_end_token_id)
+    cfg = model.tiny(
+        vocab_size=-(-len(processor.tokenizer) // 64) * 64,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        vision_depth=1,
+        vision_hidden=32,
+        deepstack=(0,),
+        image_token_id=processor.image_token_id,
+        video_token_id=processor.video_token_id,
+        vision_start_token_id=processor.vision_start_token_id,
+        vision_end_token_id=processor.vision_end_token_id,
+    )
     out = os.path.join(path, "hf")
     hf.save_pretrained(out, cfg, model.init_params(cfg, 0), tokenizer_path=tokenizer_dir)
     return out
@@ -54,9 +64,28 @@ def served(model_dir, *extra, startup_s=240):
     """Runs `python -m mocojax.serve` on a free port; yields its base URL (.../v1); always stops it."""
     port = free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.Popen([sys.executable, "-m", "mocojax.serve", "--model", model_dir, "--port", str(port),
-                             "--min_pixels", str(PIXELS), "--max_pixels", str(PIXELS), "--name", "tiny", *extra],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mocojax.serve",
+            "--model",
+            model_dir,
+            "--port",
+            str(port),
+            "--min_pixels",
+            str(PIXELS),
+            "--max_pixels",
+            str(PIXELS),
+            "--name",
+            "tiny",
+            *extra,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + startup_s
         while True:

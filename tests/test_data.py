@@ -34,10 +34,14 @@ def image_dir(tmp_path):
     return folder
 
 
-USER_ROW = {"id": "img1", "image": "a.png", "references": ["A red box.", "A red square."],
-            "candidates": [{"id": "c0", "caption": "A blue box."}],
-            "rubric": [{"criterion": "says the box is red", "check": "red", "weight": 2}],
-            "decisions": {"c0": [{"value": 0, "rationale": "it says blue"}]}}
+USER_ROW = {
+    "id": "img1",
+    "image": "a.png",
+    "references": ["A red box.", "A red square."],
+    "candidates": [{"id": "c0", "caption": "A blue box."}],
+    "rubric": [{"criterion": "says the box is red", "check": "red", "weight": 2}],
+    "decisions": {"c0": [{"value": 0, "rationale": "it says blue"}]},
+}
 
 
 def test_user_jsonl_to_role_examples(image_dir, tmp_path):
@@ -75,20 +79,30 @@ def test_bad_records_lenient_skips_and_counts(image_dir, tmp_path):
     loaded, report = records.load_jsonl(path, image_root=str(image_dir))
     assert [r["id"] for r in loaded] == ["img1"]
     assert report.read == 7 and report.kept == 1
-    assert report.skipped == {"missing_image": 1, "unreadable_image": 1, "empty_caption": 1,
-                              "missing_field": 2, "bad_json": 1}
+    assert report.skipped == {
+        "missing_image": 1,
+        "unreadable_image": 1,
+        "empty_caption": 1,
+        "missing_field": 2,
+        "bad_json": 1,
+    }
 
 
 def test_pixmo_cap_fixture(image_dir, tmp_path):
     by_digest = "https://images.example.org/x/photo.png"
     (image_dir / f"{sources.url_digest(by_digest)}.png").write_bytes(
-        (image_dir / "a.png").read_bytes())
-    rows = [{"image_url": by_digest, "caption": "A red photo.", "transcripts": ["um a red", "red"]},
-            {"image_url": "https://cdn.example.org/q/b.jpg?size=2", "caption": "Blue.",
-             "transcripts": []},
-            {"image_url": "https://cdn.example.org/missing.jpg", "caption": "Gone.",
-             "transcripts": []},
-            {"image_url": "https://cdn.example.org/q/b.jpg", "caption": "", "transcripts": []}]
+        (image_dir / "a.png").read_bytes()
+    )
+    rows = [
+        {"image_url": by_digest, "caption": "A red photo.", "transcripts": ["um a red", "red"]},
+        {
+            "image_url": "https://cdn.example.org/q/b.jpg?size=2",
+            "caption": "Blue.",
+            "transcripts": [],
+        },
+        {"image_url": "https://cdn.example.org/missing.jpg", "caption": "Gone.", "transcripts": []},
+        {"image_url": "https://cdn.example.org/q/b.jpg", "caption": "", "transcripts": []},
+    ]
     path = _write_jsonl(tmp_path / "pixmo.jsonl", rows)
     loaded, report = sources.load_pixmo_cap(path, str(image_dir), transcripts_as_references=True)
     assert [r["references"] for r in loaded] == [["A red photo.", "um a red", "red"], ["Blue."]]
@@ -101,15 +115,19 @@ def test_pixmo_cap_fixture(image_dir, tmp_path):
 
 
 def test_densefusion_fixture(image_dir, tmp_path):
-    rows = [{"image_id": "df_1", "image_path": "a.png", "caption": "Dense red."},
-            {"image_id": "df_2", "image_path": "b.jpg", "caption": "Dense blue."},
-            {"image_id": "df_3", "caption": "No path."},
-            {"image_id": "df_4", "image_path": "broken.jpg", "caption": "Broken."}]
+    rows = [
+        {"image_id": "df_1", "image_path": "a.png", "caption": "Dense red."},
+        {"image_id": "df_2", "image_path": "b.jpg", "caption": "Dense blue."},
+        {"image_id": "df_3", "caption": "No path."},
+        {"image_id": "df_4", "image_path": "broken.jpg", "caption": "Broken."},
+    ]
     path = tmp_path / "densefusion.json"
     path.write_text(json.dumps(rows))
     loaded, report = sources.load_densefusion(str(path), str(image_dir))
-    assert [(r["id"], r["references"]) for r in loaded] == [("df_1", ["Dense red."]),
-                                                            ("df_2", ["Dense blue."])]
+    assert [(r["id"], r["references"]) for r in loaded] == [
+        ("df_1", ["Dense red."]),
+        ("df_2", ["Dense blue."]),
+    ]
     assert report.skipped == {"missing_field": 1, "unreadable_image": 1}
     with pytest.raises(records.BadRecord, match="record df_3: field 'image_path'"):
         sources.load_densefusion(str(path), str(image_dir), strict=True)
@@ -119,8 +137,9 @@ def test_densefusion_fixture(image_dir, tmp_path):
 def processor(tmp_path_factory):
     path = toyroles.build_tokenizer(str(tmp_path_factory.mktemp("tok")))
     # 128x128 toy images stay 128x128: 8x8 patches, 16 image tokens.
-    return processing.Processor(processing.load_tokenizer(path), min_pixels=128 * 128,
-                                max_pixels=128 * 128)
+    return processing.Processor(
+        processing.load_tokenizer(path), min_pixels=128 * 128, max_pixels=128 * 128
+    )
 
 
 @pytest.fixture(scope="module")
@@ -133,8 +152,10 @@ def _take(iterator, count):
 
 
 def _same(batches_a, batches_b):
-    return all(np.array_equal(a["input_ids"], b["input_ids"]) and
-               np.array_equal(a["role"], b["role"]) for a, b in zip(batches_a, batches_b))
+    return all(
+        np.array_equal(a["input_ids"], b["input_ids"]) and np.array_equal(a["role"], b["role"])
+        for a, b in zip(batches_a, batches_b)
+    )
 
 
 def test_pipeline_deterministic_and_resumable(processor, examples):
@@ -167,15 +188,23 @@ def test_pipeline_batches(processor, examples):
     for row in range(8):
         reply = tokenizer.decode(batch["input_ids"][row][batch["loss_mask"][row] == 1])
         assert reply.endswith("<|im_end|>")
-        target = reply[:-len("<|im_end|>")]
+        target = reply[: -len("<|im_end|>")]
         match = [e for e in ordered if e["target"] == target]
         assert match and records.ROLES.index(match[0]["role"]) == batch["role"][row]
 
 
 def test_hosts_split_the_global_batch(processor, examples):
     def rows(index, count):
-        it = iter(pipeline.sft_dataset(examples, processor, global_batch_size=4, seed=5,
-                                       process_index=index, process_count=count))
+        it = iter(
+            pipeline.sft_dataset(
+                examples,
+                processor,
+                global_batch_size=4,
+                seed=5,
+                process_index=index,
+                process_count=count,
+            )
+        )
         return [list(map(tuple, b["input_ids"][:, :40])) for b in _take(it, 2)]
 
     single = rows(0, 1)
@@ -211,14 +240,18 @@ def test_role_grouped_batches(processor, examples):
     assert sorted(e["id"] for b in batches for e in b) == sorted(e["id"] for e in examples)
 
     def dataset(seed):
-        return pipeline.sft_dataset(examples, processor, global_batch_size=4, seed=seed, group_by_role=True)
+        return pipeline.sft_dataset(
+            examples, processor, global_batch_size=4, seed=seed, group_by_role=True
+        )
 
     first = _take(iter(dataset(0)), 12)
     assert all(len(set(b["role"].tolist())) == 1 for b in first)
     policy = [b for b in first if b["role"][0] == records.ROLES.index("policy")]
     generator = [b for b in first if b["role"][0] == records.ROLES.index("generator")]
     # Short Policy rows pad to a smaller bucket than the Generator's long prompts.
-    assert max(b["input_ids"].shape[1] for b in policy) < min(b["input_ids"].shape[1] for b in generator)
+    assert max(b["input_ids"].shape[1] for b in policy) < min(
+        b["input_ids"].shape[1] for b in generator
+    )
     it = iter(dataset(0))
     _take(it, 5)
     resumed = iter(dataset(0))

@@ -14,8 +14,7 @@ import pytest
 
 from configs import toyworld
 from mocojax import checkpoint, config_utils
-from mocojax.data import toyroles
-from mocojax.data import toyworld as tw
+from mocojax.data import toyroles, toyworld as tw
 from mocojax.eval import judges, rank, suite, vqa, winrate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,10 +49,23 @@ class _FixedJudge:
 
 # ---- pairwise win rate ----
 
-@pytest.mark.parametrize("text, verdict", [
-    ("Caption 1 is better", 1), ("caption 2 is the better one.", 2), ("Tie", 0), ("It's a tie.", 0),
-    ("Caption 1 is better on colours, but overall Caption 2 is better", 2), ("CAPTION #1 IS BETTER", 1),
-    ("Both are fine", None), ("", None), (None, None), ("Caption 3 is better", None), ("tiebreak: none", None)])
+
+@pytest.mark.parametrize(
+    "text, verdict",
+    [
+        ("Caption 1 is better", 1),
+        ("caption 2 is the better one.", 2),
+        ("Tie", 0),
+        ("It's a tie.", 0),
+        ("Caption 1 is better on colours, but overall Caption 2 is better", 2),
+        ("CAPTION #1 IS BETTER", 1),
+        ("Both are fine", None),
+        ("", None),
+        (None, None),
+        ("Caption 3 is better", None),
+        ("tiebreak: none", None),
+    ],
+)
 def test_parse_verdict(text, verdict):
     assert winrate.parse_verdict(text) == verdict
 
@@ -92,7 +104,9 @@ def test_position_bias_cancels_against_itself():
     assert out["ties"] == 0 and out["wins"] + out["losses"] == 200
     assert 0.4 < out["win_rate"] < 0.6
     assert out["ci95_low"] <= 0.5 <= out["ci95_high"]
-    again = winrate.win_rate(records, captions, captions, _FixedJudge("Caption 1 is better"), seed=0)
+    again = winrate.win_rate(
+        records, captions, captions, _FixedJudge("Caption 1 is better"), seed=0
+    )
     assert again["win_rate"] == out["win_rate"]  # seeded
 
 
@@ -108,11 +122,16 @@ def test_unparseable_verdicts_and_missing_baseline_are_counted_not_fatal():
 
 # ---- blind ranking ----
 
+
 def test_parse_ranking():
-    ranks, flagged, problems = rank.parse_ranking("I compared them.\nRanking: 2 > 1 = 3\nHallucinated: 2", 3)
+    ranks, flagged, problems = rank.parse_ranking(
+        "I compared them.\nRanking: 2 > 1 = 3\nHallucinated: 2", 3
+    )
     assert ranks == [2.5, 1.0, 2.5] and flagged == {1} and not problems
     ranks, _, problems = rank.parse_ranking("Ranking: 3, 3, 9 > 1", 3)
-    assert ranks == [2.0, 3.0, 1.0] and len(problems) == 3  # repeat, out of range, caption 2 missing
+    assert (
+        ranks == [2.0, 3.0, 1.0] and len(problems) == 3
+    )  # repeat, out of range, caption 2 missing
     assert rank.parse_ranking("no numbers here", 3)[0] is None
     assert rank.parse_ranking(None, 3)[0] is None
 
@@ -128,53 +147,91 @@ def test_blind_rank_hand_computed_with_the_oracle():
         used = {(o.shape, o.colour) for o in r["scene"].objects}
         shape, colour = next((s, c) for s in tw.SHAPES for c in tw.COLOURS if (s, c) not in used)
         invented.append(f"{_reference(r)} There is also a {colour} {shape}.")
-    out = rank.blind_rank(records, {"ref": ref, "invented": invented, "empty": ["", "", None]}, ORACLE, seed=1)
+    out = rank.blind_rank(
+        records, {"ref": ref, "invented": invented, "empty": ["", "", None]}, ORACLE, seed=1
+    )
     assert out["images"] == 2 and out["skipped_missing_caption"] == 1 and out["unparseable"] == 0
     m = out["methods"]
-    assert (m["ref"]["mean_rank"], m["invented"]["mean_rank"], m["empty"]["mean_rank"]) == (1.0, 2.0, 3.0)
+    assert (m["ref"]["mean_rank"], m["invented"]["mean_rank"], m["empty"]["mean_rank"]) == (
+        1.0,
+        2.0,
+        3.0,
+    )
     assert (m["ref"]["first_place_share"], m["invented"]["first_place_share"]) == (1.0, 0.0)
-    assert (m["ref"]["hallucination_penalty"], m["invented"]["hallucination_penalty"],
-            m["empty"]["hallucination_penalty"]) == (0.0, 1.0, 0.0)
+    assert (
+        m["ref"]["hallucination_penalty"],
+        m["invented"]["hallucination_penalty"],
+        m["empty"]["hallucination_penalty"],
+    ) == (0.0, 1.0, 0.0)
 
 
 def test_blind_rank_ties_share_places_and_first_place():
     records = _records(2)
     ref = [_reference(r) for r in records]
     out = rank.blind_rank(records, {"a": ref, "b": list(ref)}, ORACLE)
-    assert out["methods"]["a"] == {"mean_rank": 1.5, "first_place_share": 0.5, "hallucination_penalty": 0.0}
+    assert out["methods"]["a"] == {
+        "mean_rank": 1.5,
+        "first_place_share": 0.5,
+        "hallucination_penalty": 0.0,
+    }
 
 
 # ---- caption-only VQA ----
 
-SCENE = tw.Scene("toy9-000001", "white", (tw.Obj("circle", "red", "small", "top left"),
-                                          tw.Obj("square", "blue", "large", "center")))
+SCENE = tw.Scene(
+    "toy9-000001",
+    "white",
+    (tw.Obj("circle", "red", "small", "top left"), tw.Obj("square", "blue", "large", "center")),
+)
 
 
 def test_scene_questions_have_exact_answers():
     qs = vqa.scene_questions(SCENE)
     assert len(qs) == 1 + 3 * 2 + 2
     assert qs[0] == {"kind": "count", "question": "How many objects are there?", "answer": "2"}
-    assert {"kind": "colour", "question": "What colour is the circle at the top left?", "answer": "red",
-            "object": {"shape": "circle", "colour": "red", "position": "top left"}} in qs
-    assert [q["question"] for q in qs if q["kind"] == "place"] == ["Where is the red circle?",
-                                                                   "Where is the blue square?"]
+    assert {
+        "kind": "colour",
+        "question": "What colour is the circle at the top left?",
+        "answer": "red",
+        "object": {"shape": "circle", "colour": "red", "position": "top left"},
+    } in qs
+    assert [q["question"] for q in qs if q["kind"] == "place"] == [
+        "Where is the red circle?",
+        "Where is the blue square?",
+    ]
     presence = [q for q in qs if q["kind"] == "presence"]
     assert [q["answer"] for q in presence] == ["yes", "no"]
     absent = presence[1]["object"]
     assert (absent["shape"], absent["colour"]) not in {("circle", "red"), ("square", "blue")}
 
 
-@pytest.mark.parametrize("text, kind, want", [
-    ("Big.", "size", "large"), ("upper left corner", "place", "top left"), ("in the middle", "place", "center"),
-    ("two", "count", "2"), ("3 objects", "count", "3"), ("It is not given.", "colour", vqa.NOT_GIVEN),
-    ("Not Given", "presence", vqa.NOT_GIVEN), ("purple", "colour", "purple"), ("Yes, there is", "presence", "yes"),
-    ("maybe", "presence", None), ("", "colour", None), (None, "size", None)])
+@pytest.mark.parametrize(
+    "text, kind, want",
+    [
+        ("Big.", "size", "large"),
+        ("upper left corner", "place", "top left"),
+        ("in the middle", "place", "center"),
+        ("two", "count", "2"),
+        ("3 objects", "count", "3"),
+        ("It is not given.", "colour", vqa.NOT_GIVEN),
+        ("Not Given", "presence", vqa.NOT_GIVEN),
+        ("purple", "colour", "purple"),
+        ("Yes, there is", "presence", "yes"),
+        ("maybe", "presence", None),
+        ("", "colour", None),
+        (None, "size", None),
+    ],
+)
 def test_normalise_answer(text, kind, want):
     assert vqa.normalise_answer(text, kind) == want
 
 
 def test_parse_answers_tolerant():
-    assert vqa.parse_answers("1 | red\n2) large\nsome prose\n1 | blue\n9 | x", 3) == ["red", "large", None]
+    assert vqa.parse_answers("1 | red\n2) large\nsome prose\n1 | blue\n9 | x", 3) == [
+        "red",
+        "large",
+        None,
+    ]
     assert vqa.parse_answers("yes", 1) == ["yes"]
     assert vqa.parse_answers(None, 2) == [None, None]
 
@@ -186,13 +243,25 @@ def test_oracle_reader_hand_computed():
     record = {"id": SCENE.id, "scene": SCENE}
     caption = "There is a small red circle in the top left."
     out = vqa.caption_vqa([record], [caption], ORACLE)
-    present = next(q for q in vqa.scene_questions(SCENE) if q["kind"] == "presence")["object"]["shape"]
+    present = next(q for q in vqa.scene_questions(SCENE) if q["kind"] == "presence")["object"][
+        "shape"
+    ]
     right = 3 + 1 + (present == "circle")
-    assert (out["right"], out["not_given"], out["wrong"] + out["unreadable"]) == (right, 3, 9 - 3 - right)
+    assert (out["right"], out["not_given"], out["wrong"] + out["unreadable"]) == (
+        right,
+        3,
+        9 - 3 - right,
+    )
     assert out["accuracy"] == pytest.approx(right / 9)
     assert out["g2p"] == pytest.approx((right - 0.5 * 3 - (6 - right)) / 9)
-    perfect = vqa.caption_vqa([record], ["A small red circle in the top left and a large blue square in the "
-                                         "center, on a white background."], ORACLE)
+    perfect = vqa.caption_vqa(
+        [record],
+        [
+            "A small red circle in the top left and a large blue square in the "
+            "center, on a white background."
+        ],
+        ORACLE,
+    )
     assert perfect["accuracy"] == 1.0 and perfect["g2p"] == 1.0
     empty = vqa.caption_vqa([record, record], ["", None], ORACLE)
     assert empty["not_given"] == 9 and empty["g2p"] == -0.5 and empty["skipped_no_caption"] == 1
@@ -209,18 +278,31 @@ def test_g2p_counts_unreadable_as_wrong():
 def test_toy_reference_against_image_blind_captions(tmp_path):
     """No model: the reference caption (exact F1 1) beats the next scene's reference on every image
     under the oracle, ranks first, answers every VQA question right; the blind caption does not."""
-    out = suite.run(toyworld.get_config("tiny"), str(tmp_path), model_spec="toy:reference",
-                    against_spec="toy:blind", num_images=6)
+    out = suite.run(
+        toyworld.get_config("tiny"),
+        str(tmp_path),
+        model_spec="toy:reference",
+        against_spec="toy:blind",
+        num_images=6,
+    )
     p = out["protocols"]
-    assert (p["winrate"]["win_rate"], p["winrate"]["wins"], p["winrate"]["ci95_low"]) == (1.0, 6, 1.0)
-    assert p["rank"]["methods"]["toy_reference"] == {"mean_rank": 1.0, "first_place_share": 1.0,
-                                                     "hallucination_penalty": 0.0}
+    assert (p["winrate"]["win_rate"], p["winrate"]["wins"], p["winrate"]["ci95_low"]) == (
+        1.0,
+        6,
+        1.0,
+    )
+    assert p["rank"]["methods"]["toy_reference"] == {
+        "mean_rank": 1.0,
+        "first_place_share": 1.0,
+        "hallucination_penalty": 0.0,
+    }
     assert p["vqa"]["oracle"]["toy_reference"]["accuracy"] == 1.0
     assert p["vqa"]["oracle"]["toy_blind"]["accuracy"] < 0.6
     assert p["exact"]["toy_reference"]["f1"] == 1.0 and p["exact"]["toy_blind"]["f1"] < 0.6
 
 
 # ---- the command and the suite, with a tiny random checkpoint ----
+
 
 @pytest.fixture(scope="module")
 def tiny_workdir(tmp_path_factory):
@@ -236,8 +318,14 @@ def tiny_workdir(tmp_path_factory):
 
 def test_checkpoint_against_itself_is_50_percent_inside_its_interval(tiny_workdir, tmp_path):
     config = toyworld.get_config("tiny")
-    out = suite.run(config, str(tmp_path), model_spec=tiny_workdir, against_spec=tiny_workdir + "@sft",
-                    protocols=("winrate", "rank", "exact"), num_images=4)
+    out = suite.run(
+        config,
+        str(tmp_path),
+        model_spec=tiny_workdir,
+        against_spec=tiny_workdir + "@sft",
+        protocols=("winrate", "rank", "exact"),
+        num_images=4,
+    )
     w = out["protocols"]["winrate"]
     assert w["win_rate"] == 0.5 and w["ci95_low"] <= 0.5 <= w["ci95_high"]
     assert w["pairs"] == 4 and w["mean_words_model"] == w["mean_words_baseline"]
@@ -255,8 +343,16 @@ def test_model_judge_and_reader_count_what_they_cannot_parse(tiny_workdir, tmp_p
     """The random tiny model as judge and reader ("self"): its text is garbage, so verdicts and
     answers are counted unparseable / unreadable and every count adds up; nothing raises."""
     config = toyworld.get_config("tiny")
-    out = suite.run(config, str(tmp_path), model_spec=tiny_workdir, against_spec=tiny_workdir,
-                    protocols=("winrate", "vqa"), judge_spec="self", reader_specs=("self", "oracle"), num_images=2)
+    out = suite.run(
+        config,
+        str(tmp_path),
+        model_spec=tiny_workdir,
+        against_spec=tiny_workdir,
+        protocols=("winrate", "vqa"),
+        judge_spec="self",
+        reader_specs=("self", "oracle"),
+        num_images=2,
+    )
     w = out["protocols"]["winrate"]
     assert w["wins"] + w["ties"] + w["losses"] + w["unparseable"] == w["pairs"] == 2
     for reader in ("self", "oracle"):
@@ -272,42 +368,91 @@ def test_baseline_captions_file_with_fewer_images_is_a_counted_skip(tiny_workdir
         f.write(json.dumps({"id": records[0]["id"], "caption": _reference(records[0])}) + "\n")
         f.write(json.dumps({"id": records[2]["id"], "caption": ""}) + "\n")
         f.write("{not json\n")
-    out = suite.run(config, str(tmp_path / "out"), model_spec=str(path), against_spec=str(path),
-                    protocols=("winrate", "vqa", "exact"), num_images=4)
+    out = suite.run(
+        config,
+        str(tmp_path / "out"),
+        model_spec=str(path),
+        against_spec=str(path),
+        protocols=("winrate", "vqa", "exact"),
+        num_images=4,
+    )
     assert out["protocols"]["winrate"]["skipped_no_baseline"] == 2
-    assert out["protocols"]["winrate"]["ties"] == 2 and out["protocols"]["winrate"]["empty_captions"] == 2
+    assert (
+        out["protocols"]["winrate"]["ties"] == 2
+        and out["protocols"]["winrate"]["empty_captions"] == 2
+    )
     assert out["sources"]["baseline"]["bad_rows"] == 1
     exact = out["protocols"]["exact"]["baseline"]
     assert exact["skipped_no_caption"] == 2 and exact["empty_captions"] == 1
     assert exact["f1"] == pytest.approx(0.5)  # the reference (1.0) and the empty caption (0.0)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"model_spec": "/nonexistent/run"}, "no such directory"),
-    ({"model_spec": "{tiny}@rl"}, "no finished rl checkpoint"),
-    ({"model_spec": "{tiny}", "against_spec": "{tiny}", "judge_spec": "openai:localhost:1/v1#m"},
-     "want openai:http"),
-    ({"model_spec": "{tiny}", "against_spec": "{tiny}", "judge_spec": "openai:http://localhost:1/v1"},
-     "want openai:http"),
-    ({"model_spec": "{tiny}", "protocols": ("winrate",)}, "pass --against"),
-    ({"model_spec": "{empty}"}, "neither a workdir"),
-    ({"model_spec": "{tiny}", "against_spec": "{tiny}", "judge_spec": "{empty}/none.jsonl"}, "no such captions file"),
-    ({"model_spec": "{tiny}", "against_spec": "{tiny}", "judge_spec": "toy:blind"}, "captions cannot judge"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"model_spec": "/nonexistent/run"}, "no such directory"),
+        ({"model_spec": "{tiny}@rl"}, "no finished rl checkpoint"),
+        (
+            {
+                "model_spec": "{tiny}",
+                "against_spec": "{tiny}",
+                "judge_spec": "openai:localhost:1/v1#m",
+            },
+            "want openai:http",
+        ),
+        (
+            {
+                "model_spec": "{tiny}",
+                "against_spec": "{tiny}",
+                "judge_spec": "openai:http://localhost:1/v1",
+            },
+            "want openai:http",
+        ),
+        ({"model_spec": "{tiny}", "protocols": ("winrate",)}, "pass --against"),
+        ({"model_spec": "{empty}"}, "neither a workdir"),
+        (
+            {"model_spec": "{tiny}", "against_spec": "{tiny}", "judge_spec": "{empty}/none.jsonl"},
+            "no such captions file",
+        ),
+        (
+            {"model_spec": "{tiny}", "against_spec": "{tiny}", "judge_spec": "toy:blind"},
+            "captions cannot judge",
+        ),
+    ],
+)
 def test_bad_specs_fail_before_any_work(tiny_workdir, tmp_path, kwargs, message):
     (tmp_path / "empty").mkdir()
-    kwargs = {k: v.format(tiny=tiny_workdir, empty=tmp_path / "empty") if isinstance(v, str) else v
-              for k, v in kwargs.items()}
+    kwargs = {
+        k: v.format(tiny=tiny_workdir, empty=tmp_path / "empty") if isinstance(v, str) else v
+        for k, v in kwargs.items()
+    }
     with pytest.raises(suite.SpecError, match=message):
         suite.run(toyworld.get_config("tiny"), str(tmp_path / "out"), **kwargs)
     assert not (tmp_path / "out").exists()
 
 
 def test_command_prints_one_clear_line_and_exits_2(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "mocojax.evaluate", "--config", "configs/toyworld.py:tiny",
-                             "--workdir", str(tmp_path / "out"), "--model", str(tmp_path / "missing"),
-                             "--protocols", "exact,bleu"], cwd=ROOT, capture_output=True, text=True,
-                            env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mocojax.evaluate",
+            "--config",
+            "configs/toyworld.py:tiny",
+            "--workdir",
+            str(tmp_path / "out"),
+            "--model",
+            str(tmp_path / "missing"),
+            "--protocols",
+            "exact,bleu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        timeout=120,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "mocojax.evaluate: unknown protocols ['bleu']; choose from ('winrate', 'rank', 'vqa', 'exact')"]
+        "mocojax.evaluate: unknown protocols ['bleu']; choose from ('winrate', 'rank', 'vqa', 'exact')"
+    ]

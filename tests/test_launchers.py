@@ -35,8 +35,12 @@ TINY = ["--config", "configs/toyworld.py:tiny"]
 
 def _env(**extra):
     """Returns this process's environment for a launcher: CPU, this python first on PATH."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-           **extra}
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+        **extra,
+    }
     env.pop("XLA_FLAGS", None)
     return env
 
@@ -49,6 +53,7 @@ def _assert_exported(workdir, stage, step):
     """Asserts that <workdir>/hf holds the weights of the stage's checkpoint `step`, restored here in one process."""
     sys.path.insert(0, os.path.join(ROOT, "configs"))
     import toyworld
+
     cfg = config_utils.build_setup(toyworld.get_config("tiny"), str(workdir)).model_config
     params, restored = checkpoint.restore_params(str(workdir), stage, cfg)
     assert restored == step
@@ -67,6 +72,7 @@ def _free_port():
 def _stop(procs):
     """Stops the daemons and everything they started (their sessions): SIGTERM, then SIGKILL."""
     sessions = {p.pid for p in procs}
+
     def members():
         found = []
         for name in os.listdir("/proc"):
@@ -77,6 +83,7 @@ def _stop(procs):
                 except ProcessLookupError:
                     pass
         return found
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in members():
             try:
@@ -128,9 +135,13 @@ def slurm():
     """Brings up munged, slurmctld and slurmd (one node, 2 CPUs) as this user (root or not) in a temp
     dir; returns the environment whose SLURM_CONF names it. Stops every daemon and what it started
     (by PID) and removes the dir after."""
-    missing = [tool for tool in ("slurmctld", "slurmd", "sbatch", "munged") if shutil.which(tool) is None]
+    missing = [
+        tool for tool in ("slurmctld", "slurmd", "sbatch", "munged") if shutil.which(tool) is None
+    ]
     if missing:
-        pytest.skip(f"{', '.join(missing)} not installed (Debian: apt-get install slurm-wlm munge; .ci/run does it)")
+        pytest.skip(
+            f"{', '.join(missing)} not installed (Debian: apt-get install slurm-wlm munge; .ci/run does it)"
+        )
     # Short path: the munge socket's path must fit a unix socket address.
     root = tempfile.mkdtemp(prefix="mocojax-slurm-")
     os.makedirs(os.path.join(root, "state"))
@@ -142,20 +153,44 @@ def slurm():
     host = socket.gethostname().split(".")[0]
     conf = os.path.join(root, "slurm.conf")
     with open(conf, "w") as f:
-        f.write(SLURM_CONF.format(host=host, dir=root, user=pwd.getpwuid(os.getuid()).pw_name,
-                                  ctld_port=_free_port(), d_port=_free_port()))
+        f.write(
+            SLURM_CONF.format(
+                host=host,
+                dir=root,
+                user=pwd.getpwuid(os.getuid()).pw_name,
+                ctld_port=_free_port(),
+                d_port=_free_port(),
+            )
+        )
     env = _env(SLURM_CONF=conf)
     procs = []
     try:
         # --force: munged refuses to run as root without it. Each daemon in the foreground, in a
         # session of its own; stderr to <name>.err.
-        for command in (["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={root}/munge.socket",
-                         f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log",
-                         f"--seed-file={root}/munged.seed"],
-                        ["slurmctld", "-D", "-f", conf], ["slurmd", "-D", "-f", conf, "-N", host]):
+        for command in (
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={root}/munge.socket",
+                f"--pid-file={root}/munged.pid",
+                f"--log-file={root}/munged.log",
+                f"--seed-file={root}/munged.seed",
+            ],
+            ["slurmctld", "-D", "-f", conf],
+            ["slurmd", "-D", "-f", conf, "-N", host],
+        ):
             with open(os.path.join(root, f"{command[0]}.err"), "w") as err:
-                procs.append(subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                                              stderr=err))
+                procs.append(
+                    subprocess.Popen(
+                        command,
+                        env=env,
+                        start_new_session=True,
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                    )
+                )
             if command[0] == "munged":
                 deadline = time.time() + 20
                 while not os.path.exists(f"{root}/munge.socket") and time.time() < deadline:
@@ -163,7 +198,9 @@ def slurm():
         deadline, state = time.time() + 60, ""
         while time.time() < deadline and state != "idle":
             assert all(p.poll() is None for p in procs), _logs(root)
-            state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True).stdout.strip()
+            state = subprocess.run(
+                ["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True
+            ).stdout.strip()
             time.sleep(0.5)
         assert state == "idle", f"node state {state!r}\n" + _logs(root)
         yield env
@@ -184,7 +221,9 @@ def _logs(root):
 
 
 def _job_field(env, job, field):
-    info = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True).stdout
+    info = subprocess.run(
+        ["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True
+    ).stdout
     return next((kv.split("=", 1)[1] for kv in info.split() if kv.startswith(field + "=")), None)
 
 
@@ -192,8 +231,11 @@ def _job_field(env, job, field):
 def compile_cache(tmp_path_factory):
     """One persistent compilation cache for this file's runs: the local launcher's 2-process SFT
     reuses the SLURM job's programs."""
-    return {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -203,11 +245,26 @@ def slurm_job(slurm, compile_cache, tmp_path_factory):
     Returns (job id, its output, workdir)."""
     tmp = tmp_path_factory.mktemp("slurm_job")
     workdir, log = tmp / "run", tmp / "slurm-%j.out"
-    submit = ["sbatch", "--parsable", "--wait", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0",
-              "--cpus-per-task=1", f"--output={log}", "launch/slurm_gpu.sbatch",
-              *TINY, "--workdir", str(workdir), "--config.stages=('sft','rl','export')",
-              "--config.sft.num_steps=2", "--config.rl.num_steps=2"]
-    env = dict(slurm, **compile_cache, MOCOJAX_SETUP=f"export PATH={os.path.dirname(sys.executable)}:$PATH")
+    submit = [
+        "sbatch",
+        "--parsable",
+        "--wait",
+        "--nodes=1",
+        "--ntasks-per-node=2",
+        "--gpus-per-node=0",
+        "--cpus-per-task=1",
+        f"--output={log}",
+        "launch/slurm_gpu.sbatch",
+        *TINY,
+        "--workdir",
+        str(workdir),
+        "--config.stages=('sft','rl','export')",
+        "--config.sft.num_steps=2",
+        "--config.rl.num_steps=2",
+    ]
+    env = dict(
+        slurm, **compile_cache, MOCOJAX_SETUP=f"export PATH={os.path.dirname(sys.executable)}:$PATH"
+    )
     result = subprocess.run(submit, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     job = result.stdout.strip().split(";")[0]
     out = open(str(log).replace("%j", job)).read() if job.isdigit() else ""
@@ -217,13 +274,18 @@ def slurm_job(slurm, compile_cache, tmp_path_factory):
 
 def test_slurm_sbatch_two_tasks_sft_rl_then_export(slurm, slurm_job):
     job, out, workdir = slurm_job
-    assert (_job_field(slurm, job, "JobState"), _job_field(slurm, job, "ExitCode")) == ("COMPLETED", "0:0"), out[-8000:]
+    assert (_job_field(slurm, job, "JobState"), _job_field(slurm, job, "ExitCode")) == (
+        "COMPLETED",
+        "0:0",
+    ), out[-8000:]
     # jax.distributed found both SLURM tasks by itself; process 0 alone printed the summaries.
     for rank in (0, 1):
         assert f"[Gloo] Rank {rank} is connected to 1 peer ranks" in out, out[-8000:]
     assert out.count("== sft summary") == 1 and out.count("== rl summary") == 1, out[-8000:]
-    assert _stage_lines(out) == ["== mocojax: stages ('sft', 'rl'), multi-process",
-                                 "== mocojax: stages ('export',), single-process"]
+    assert _stage_lines(out) == [
+        "== mocojax: stages ('sft', 'rl'), multi-process",
+        "== mocojax: stages ('export',), single-process",
+    ]
     for stage in ("sft", "rl"):
         assert sorted(os.listdir(checkpoint.stage_dir(workdir, stage))) == ["2"]
     # The single-process export holds the 2-process RL checkpoint's weights (read here by one process too).
@@ -233,12 +295,30 @@ def test_slurm_sbatch_two_tasks_sft_rl_then_export(slurm, slurm_job):
 def test_slurm_checkpoint_resumes_in_one_process(slurm_job):
     """One plain process resumes the 2-process SFT checkpoint (params, Adam state, rng, data position)."""
     _, _, workdir = slurm_job
-    resume = subprocess.run([sys.executable, "-m", "mocojax.main", *TINY, "--workdir", str(workdir),
-                             "--config.stages=('sft',)", "--config.sft.num_steps=3"],
-                            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+    resume = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mocojax.main",
+            *TINY,
+            "--workdir",
+            str(workdir),
+            "--config.stages=('sft',)",
+            "--config.sft.num_steps=3",
+        ],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert resume.returncode == 0, resume.stdout[-4000:] + resume.stderr[-4000:]
     assert sorted(os.listdir(checkpoint.stage_dir(workdir, "sft"))) == ["2", "3"]
-    rows = [row for row in map(json.loads, open(workdir / "metrics.jsonl")) if row["stage"] == "sft" and "loss" in row]
+    rows = [
+        row
+        for row in map(json.loads, open(workdir / "metrics.jsonl"))
+        if row["stage"] == "sft" and "loss" in row
+    ]
     assert [row["step"] for row in rows] == [1, 2, 3]
 
 
@@ -246,32 +326,66 @@ def test_slurm_checkpoint_resumes_in_one_process(slurm_job):
 def test_stage_groups_keep_the_config_order():
     sys.path.insert(0, os.path.join(ROOT, "launch"))
     import stage_groups
+
     assert stage_groups.groups(("vision", "sft", "rl", "eval", "export")) == [
-        ("single", ("vision",)), ("multi", ("sft", "rl")), ("single", ("eval", "export"))]
+        ("single", ("vision",)),
+        ("multi", ("sft", "rl")),
+        ("single", ("eval", "export")),
+    ]
     assert stage_groups.groups(("export",)) == [("single", ("export",))]
-    assert stage_groups.without_stages(["--config", "c.py", "--config.stages=('sft',)", "--config.stages", "('rl',)",
-                                        "-config.stages=x", "--config.seed=1"]) == ["--config", "c.py", "--config.seed=1"]
+    assert stage_groups.without_stages(
+        [
+            "--config",
+            "c.py",
+            "--config.stages=('sft',)",
+            "--config.stages",
+            "('rl',)",
+            "-config.stages=x",
+            "--config.seed=1",
+        ]
+    ) == ["--config", "c.py", "--config.seed=1"]
 
 
 def test_local_multiprocess_any_command_on_n_processes():
     script = 'echo "$MOCOJAX_PROCESS_ID/$MOCOJAX_NUM_PROCESSES $JAX_PLATFORMS"; exit "$MOCOJAX_PROCESS_ID"'
-    result = subprocess.run(["launch/local_multiprocess.sh", "3", "--", "bash", "-c", script], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["launch/local_multiprocess.sh", "3", "--", "bash", "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert sorted(result.stdout.splitlines()) == ["[0] 0/3 cpu", "[1] 1/3 cpu", "[2] 2/3 cpu"]
     assert result.returncode == 1  # processes 1 and 2 failed
 
 
 def test_local_multiprocess_sft_on_two_processes_then_export_on_one(tmp_path, compile_cache):
     workdir = tmp_path / "run"
-    command = ["launch/local_multiprocess.sh", "2", "--", "python", "-m", "mocojax.main", *TINY, "--workdir", str(workdir),
-               "--config.stages=('sft','export')", "--config.export.stage=sft", "--config.sft.num_steps=2"]
-    result = subprocess.run(command, cwd=ROOT, env=_env(**compile_cache), capture_output=True, text=True, timeout=900)
+    command = [
+        "launch/local_multiprocess.sh",
+        "2",
+        "--",
+        "python",
+        "-m",
+        "mocojax.main",
+        *TINY,
+        "--workdir",
+        str(workdir),
+        "--config.stages=('sft','export')",
+        "--config.export.stage=sft",
+        "--config.sft.num_steps=2",
+    ]
+    result = subprocess.run(
+        command, cwd=ROOT, env=_env(**compile_cache), capture_output=True, text=True, timeout=900
+    )
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-8000:]
     for rank in (0, 1):
         assert f"[{rank}] [Gloo] Rank {rank} is connected to 1 peer ranks" in out, out[-8000:]
-    assert _stage_lines(out) == ["== mocojax: stages ('sft',), multi-process",
-                                 "== mocojax: stages ('export',), single-process"]
+    assert _stage_lines(out) == [
+        "== mocojax: stages ('sft',), multi-process",
+        "== mocojax: stages ('export',), single-process",
+    ]
     assert sorted(os.listdir(checkpoint.stage_dir(workdir, "sft"))) == ["2"]
     _assert_exported(workdir, "sft", 2)
 
@@ -306,36 +420,99 @@ def test_tpu_vm_pod_dry_run_commands(tmp_path, setup):
     log = tmp_path / "gcloud.jsonl"
     env = _env(HOME=str(home), FAKE_GCLOUD_LOG=str(log), **({"SETUP": "1"} if setup else {}))
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
-    args = [*TINY, "--workdir", "gs://bucket/runs/tiny", "--config.data.train_path=/data/my train.jsonl",
-            "--config.stages=('sft','rl','eval','export')"]
-    result = subprocess.run(["launch/tpu_vm_pod.sh", "my-tpu", "us-central2-b", "--", *args], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
+    args = [
+        *TINY,
+        "--workdir",
+        "gs://bucket/runs/tiny",
+        "--config.data.train_path=/data/my train.jsonl",
+        "--config.stages=('sft','rl','eval','export')",
+    ]
+    result = subprocess.run(
+        ["launch/tpu_vm_pod.sh", "my-tpu", "us-central2-b", "--", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     calls = [json.loads(line) for line in log.read_text().splitlines()]
 
     def ssh(worker, command):
-        return ["compute", "tpus", "tpu-vm", "ssh", "my-tpu", "--zone", "us-central2-b", f"--worker={worker}",
-                "--command", "cd ~/mocojax-src && " + command]
+        return [
+            "compute",
+            "tpus",
+            "tpu-vm",
+            "ssh",
+            "my-tpu",
+            "--zone",
+            "us-central2-b",
+            f"--worker={worker}",
+            "--command",
+            "cd ~/mocojax-src && " + command,
+        ]
 
-    quoted = ("--config configs/toyworld.py:tiny --workdir gs://bucket/runs/tiny "
-              "--config.data.train_path=/data/my\\ train.jsonl "
-              "--config.stages=\\(\\'sft\\'\\,\\'rl\\'\\,\\'eval\\'\\,\\'export\\'\\) ")
-    want = [["compute", "tpus", "tpu-vm", "scp", "--zone", "us-central2-b", "--worker=all", "--recurse",
-             *(os.path.join(ROOT, name) for name in ("mocojax", "configs", "launch", "requirements.txt")),
-             "my-tpu:~/mocojax-src/"]]
+    quoted = (
+        "--config configs/toyworld.py:tiny --workdir gs://bucket/runs/tiny "
+        "--config.data.train_path=/data/my\\ train.jsonl "
+        "--config.stages=\\(\\'sft\\'\\,\\'rl\\'\\,\\'eval\\'\\,\\'export\\'\\) "
+    )
+    want = [
+        [
+            "compute",
+            "tpus",
+            "tpu-vm",
+            "scp",
+            "--zone",
+            "us-central2-b",
+            "--worker=all",
+            "--recurse",
+            *(
+                os.path.join(ROOT, name)
+                for name in ("mocojax", "configs", "launch", "requirements.txt")
+            ),
+            "my-tpu:~/mocojax-src/",
+        ]
+    ]
     if setup:
-        want.append(ssh("all", "python3 -m venv .venv && .venv/bin/pip install -q -U pip     "
-                               "&& .venv/bin/pip install -q -r requirements.txt 'jax[tpu]'"))
+        want.append(
+            ssh(
+                "all",
+                "python3 -m venv .venv && .venv/bin/pip install -q -U pip     "
+                "&& .venv/bin/pip install -q -r requirements.txt 'jax[tpu]'",
+            )
+        )
     else:
         want.append(ssh("all", "test -d .venv"))
     # The user's arguments less their --config.stages, then each group's stages.
     kept = args[:-1]
-    want += [ssh(0, ".venv/bin/python launch/stage_groups.py " + quoted),
-             ssh("all", ".venv/bin/python -m mocojax.main " + shlex.join(
-                 [*kept, "--config.stages=('sft', 'rl')", "--config.distributed.enabled=True"])),
-             ssh(0, ".venv/bin/python -m mocojax.main " + shlex.join(
-                 [*kept, "--config.stages=('eval', 'export')", "--config.distributed.enabled=False"]))]
+    want += [
+        ssh(0, ".venv/bin/python launch/stage_groups.py " + quoted),
+        ssh(
+            "all",
+            ".venv/bin/python -m mocojax.main "
+            + shlex.join(
+                [*kept, "--config.stages=('sft', 'rl')", "--config.distributed.enabled=True"]
+            ),
+        ),
+        ssh(
+            0,
+            ".venv/bin/python -m mocojax.main "
+            + shlex.join(
+                [*kept, "--config.stages=('eval', 'export')", "--config.distributed.enabled=False"]
+            ),
+        ),
+    ]
     assert calls == want
     # What each worker's shell runs, word for word.
-    assert shlex.split(calls[-2][-1]) == ["cd", "~/mocojax-src", "&&", ".venv/bin/python", "-m", "mocojax.main", *kept,
-                                          "--config.stages=('sft', 'rl')", "--config.distributed.enabled=True"]
+    assert shlex.split(calls[-2][-1]) == [
+        "cd",
+        "~/mocojax-src",
+        "&&",
+        ".venv/bin/python",
+        "-m",
+        "mocojax.main",
+        *kept,
+        "--config.stages=('sft', 'rl')",
+        "--config.distributed.enabled=True",
+    ]

@@ -1,9 +1,9 @@
 """The command line: config validation before any work, and exact resume after a real SIGKILL."""
 
-import os
-import signal
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,20 +16,31 @@ from mocojax import checkpoint, config_utils, main
 from mocojax.train import rl_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("toyworld_config", os.path.join(REPO, "configs", "toyworld.py"))
+_spec = importlib.util.spec_from_file_location(
+    "toyworld_config", os.path.join(REPO, "configs", "toyworld.py")
+)
 toyworld = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(toyworld)
 NUM_STEPS, KILL_AFTER = 6, 2
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("optimizer.warmup_ratio", 1.5, "config.optimizer.warmup_ratio=1.5"),
-    ("sft.global_batch_size", 5, "config.sft.global_batch_size=5"),  # not a multiple of grad_accum_steps=2
-    ("model.dtype", "float64", "config.model.dtype='float64'"),
-    ("stages", ("sft", "train"), "unknown stage 'train'"),
-    ("data.length_buckets", (512, 256), "config.data.length_buckets"),
-])
-def test_bad_config_value_fails_before_any_work_naming_the_key(tmp_path, monkeypatch, key, value, message):
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("optimizer.warmup_ratio", 1.5, "config.optimizer.warmup_ratio=1.5"),
+        (
+            "sft.global_batch_size",
+            5,
+            "config.sft.global_batch_size=5",
+        ),  # not a multiple of grad_accum_steps=2
+        ("model.dtype", "float64", "config.model.dtype='float64'"),
+        ("stages", ("sft", "train"), "unknown stage 'train'"),
+        ("data.length_buckets", (512, 256), "config.data.length_buckets"),
+    ],
+)
+def test_bad_config_value_fails_before_any_work_naming_the_key(
+    tmp_path, monkeypatch, key, value, message
+):
     config = toyworld.get_config("tiny")
     section, _, name = key.rpartition(".")
     (config[section] if section else config)[name] = value
@@ -43,7 +54,11 @@ def test_bad_config_value_fails_before_any_work_naming_the_key(tmp_path, monkeyp
     assert not (tmp_path / "run").exists()
 
 
-CONFIG_NAMES = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "configs")) if f.endswith(".py") and f != "__init__.py")
+CONFIG_NAMES = sorted(
+    f[:-3]
+    for f in os.listdir(os.path.join(REPO, "configs"))
+    if f.endswith(".py") and f != "__init__.py"
+)
 
 
 @pytest.mark.parametrize("arg", ["", "tiny"])
@@ -61,15 +76,31 @@ def test_every_config_loads_and_validates(name, arg, monkeypatch):
 
 
 def _command(workdir):
-    return [sys.executable, "-m", "mocojax.main", "--config", "configs/toyworld.py:tiny", "--workdir", str(workdir),
-            "--config.stages=('sft',)", f"--config.sft.num_steps={NUM_STEPS}", "--config.sft.checkpoint_every=1",
-            "--config.sft.keep_checkpoints=10", "--config.sft.eval_every=100"]
+    return [
+        sys.executable,
+        "-m",
+        "mocojax.main",
+        "--config",
+        "configs/toyworld.py:tiny",
+        "--workdir",
+        str(workdir),
+        "--config.stages=('sft',)",
+        f"--config.sft.num_steps={NUM_STEPS}",
+        "--config.sft.checkpoint_every=1",
+        "--config.sft.keep_checkpoints=10",
+        "--config.sft.eval_every=100",
+    ]
 
 
 def _env(cache_dir):
     # A shared persistent compilation cache: the three runs compile the step once between them.
-    return dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    return dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
 
 
 def _final_params(workdir):
@@ -82,11 +113,14 @@ def _final_params(workdir):
 
 def test_sigkill_then_resume_matches_an_uninterrupted_run_bitwise(tmp_path):
     env = _env(tmp_path / "jax_cache")
-    subprocess.run(_command(tmp_path / "straight"), cwd=REPO, env=env, check=True, capture_output=True)
+    subprocess.run(
+        _command(tmp_path / "straight"), cwd=REPO, env=env, check=True, capture_output=True
+    )
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_command(killed), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _command(killed), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     # Orbax writes into a temporary directory and renames it to the step number when complete.
     finished = killed / "checkpoints" / "sft" / str(KILL_AFTER)
     deadline = time.time() + 300
@@ -125,8 +159,15 @@ def test_eval_stage_scores_sft_and_rl_checkpoints_with_baselines(tmp_path):
         with open(path) as f:
             result = json.load(f)
         assert result["stage"] == stage and result["step"] == step
-        for key in ("policy/f1", "policy/f1_image_blind", "policy/hallucinated_per_caption", "policy/caption_words",
-                    "judge/balanced_accuracy", "judge/accuracy_always_1", "generator/rubric_truth_rate",
-                    "generator/rubric_truth_other_scene"):
+        for key in (
+            "policy/f1",
+            "policy/f1_image_blind",
+            "policy/hallucinated_per_caption",
+            "policy/caption_words",
+            "judge/balanced_accuracy",
+            "judge/accuracy_always_1",
+            "generator/rubric_truth_rate",
+            "generator/rubric_truth_other_scene",
+        ):
             assert np.isfinite(result[key]), key
         assert result["num_scenes"] == config.eval.num_scenes

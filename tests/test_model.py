@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from hf_reference import hf_config, hf_logits, image_prompt, left_pad, random_hf_model
 from safetensors.numpy import load_file, save_file
 
-from hf_reference import hf_config, hf_logits, image_prompt, left_pad, random_hf_model
 from mocojax import hf, model
 from mocojax.model import rope
 
@@ -54,7 +54,9 @@ def test_text_only_logits(pair):
     assert _max_err(model.forward(cfg, params, ids, mask), expected) <= TOL
 
 
-@pytest.mark.parametrize("grids", [[(1, 4, 6)], [(1, 4, 6), (1, 8, 2)]], ids=["one_image", "two_images"])
+@pytest.mark.parametrize(
+    "grids", [[(1, 4, 6)], [(1, 4, 6), (1, 8, 2)]], ids=["one_image", "two_images"]
+)
 def test_image_logits(pair, grids):
     cfg, ref, params, _ = pair
     ids, pixels, grid = image_prompt(cfg, grids, np.random.default_rng(2))
@@ -74,7 +76,9 @@ def test_left_padded_batch(pair):
     batched = hf_logits(ref, cfg, ids, mask, pixels, grid).logits.numpy()
     assert _max_err(ours, batched, mask) <= TOL
     alone_text = hf_logits(ref, cfg, text_ids[None], np.ones((1, 7))).logits.numpy()[0]
-    alone_img = hf_logits(ref, cfg, img_ids[None], np.ones((1, len(img_ids))), pixels, grid).logits.numpy()[0]
+    alone_img = hf_logits(
+        ref, cfg, img_ids[None], np.ones((1, len(img_ids))), pixels, grid
+    ).logits.numpy()[0]
     assert _max_err(ours[0, -7:], alone_text) <= TOL
     assert _max_err(ours[1], alone_img) <= TOL
 
@@ -83,10 +87,18 @@ def test_vision_tower_and_each_deepstack_feature(pair):
     cfg, ref, params, _ = pair
     _, pixels, grid = image_prompt(cfg, [(1, 4, 6), (1, 2, 8)], np.random.default_rng(4))
     with torch.no_grad():
-        out = ref.model.visual(torch.as_tensor(pixels), grid_thw=torch.as_tensor(grid), return_dict=True)
-    tokens, deepstack = model.encode_images(cfg, params, pixels, model.vision_metadata(cfg.vision, grid))
+        out = ref.model.visual(
+            torch.as_tensor(pixels), grid_thw=torch.as_tensor(grid), return_dict=True
+        )
+    tokens, deepstack = model.encode_images(
+        cfg, params, pixels, model.vision_metadata(cfg.vision, grid)
+    )
     assert _max_err(tokens, out.pooler_output.numpy()) <= TOL
-    assert deepstack.shape[0] == len(out.deepstack_features) == len(cfg.vision.deepstack_visual_indexes)
+    assert (
+        deepstack.shape[0]
+        == len(out.deepstack_features)
+        == len(cfg.vision.deepstack_visual_indexes)
+    )
     for ours, theirs in zip(deepstack, out.deepstack_features):
         assert _max_err(ours, theirs.numpy()) <= TOL
 
@@ -97,7 +109,9 @@ def test_vision_padding_patches_are_inert(pair):
     _, pixels, grid = image_prompt(cfg, [(1, 4, 6)], np.random.default_rng(5))
     exact, _ = model.encode_images(cfg, params, pixels, model.vision_metadata(cfg.vision, grid))
     padded_pixels = np.concatenate([pixels, np.ones((8, pixels.shape[1]), np.float32)])
-    padded, _ = model.encode_images(cfg, params, padded_pixels, model.vision_metadata(cfg.vision, grid, pad_to=32))
+    padded, _ = model.encode_images(
+        cfg, params, padded_pixels, model.vision_metadata(cfg.vision, grid, pad_to=32)
+    )
     # Different array shapes let XLA block the matmuls differently: a few float32 ulps apart
     # (~1e-6 on values ~3). A padding patch leaking into an image's attention moves tokens by O(1).
     np.testing.assert_allclose(np.asarray(padded)[: exact.shape[0]], exact, rtol=1e-5, atol=1e-5)
@@ -110,8 +124,14 @@ def test_first_decoder_layer_output(pair):
     out = hf_logits(ref, cfg, ids, mask, pixels, grid, output_hidden_states=True)
     inputs = model.prepare_inputs(cfg, ids, mask, grid)
     _, aux = model.apply(
-        cfg, params, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(inputs.positions), jnp.asarray(pixels),
-        jax.tree.map(jnp.asarray, inputs.vision), output_hidden_states=True,
+        cfg,
+        params,
+        jnp.asarray(ids),
+        jnp.asarray(mask),
+        jnp.asarray(inputs.positions),
+        jnp.asarray(pixels),
+        jax.tree.map(jnp.asarray, inputs.vision),
+        output_hidden_states=True,
     )
     # HF hidden_states[0] is the embedding output, [1] the first decoder layer's output.
     assert _max_err(aux["hidden_states"][0], out.hidden_states[1].numpy()) <= TOL
@@ -139,19 +159,28 @@ def test_mrope_is_interleaved_like_transformers():
 
 
 def test_vision_position_interpolation_like_transformers():
-    from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
+    from transformers.vision_utils import (
+        get_vision_interpolation_indices_and_weights,
+        get_vision_position_ids,
+    )
 
     vision = model.VisionConfig()  # 48x48 learned grid, as the real checkpoints
     grid = np.array([[1, 6, 10], [1, 64, 32], [2, 4, 4]])
     meta = model.vision_metadata(vision, grid)
     idx, w = get_vision_interpolation_indices_and_weights(
-        torch.as_tensor(grid), num_grid_per_side=48, mode="bilinear", align_corners=True, spatial_merge_size=2
+        torch.as_tensor(grid),
+        num_grid_per_side=48,
+        mode="bilinear",
+        align_corners=True,
+        spatial_merge_size=2,
     )
     table = np.random.default_rng(8).standard_normal((48 * 48, 3))
     ours = (table[meta.interp_idx] * meta.interp_w[..., None]).sum(1)
     theirs = (table[idx.numpy()] * w.numpy()[..., None]).sum(1)
     np.testing.assert_allclose(ours, theirs, atol=1e-6)
-    np.testing.assert_array_equal(meta.rot_pos, get_vision_position_ids(torch.as_tensor(grid), 2).numpy())
+    np.testing.assert_array_equal(
+        meta.rot_pos, get_vision_position_ids(torch.as_tensor(grid), 2).numpy()
+    )
     # Block-diagonal attention: one segment per image and temporal frame.
     assert np.unique(meta.segment).tolist() == [0, 1, 2, 3]
 
@@ -167,7 +196,9 @@ def test_vision_attention_rows_pack_frames_without_splitting():
     flat = meta.packed_segment.reshape(-1)
     np.testing.assert_array_equal(flat[meta.slot], meta.segment)
     np.testing.assert_array_equal(meta.packed_patch.reshape(-1)[meta.slot], np.arange(64))
-    assert (meta.packed_segment[0, 24:] == -2).all() and meta.packed_segment[2, :8].tolist() == [2] * 4 + [3] * 4
+    assert (meta.packed_segment[0, 24:] == -2).all() and meta.packed_segment[2, :8].tolist() == [
+        2
+    ] * 4 + [3] * 4
     padded = model.vision_metadata(vision, grid, pad_to=100)
     # A fixed 2 * ceil(P / R) rows whatever the images; padding patches never share a frame's row slots.
     assert padded.packed_patch.shape == (8, 32) and (padded.segment[64:] == -1).all()
@@ -185,8 +216,10 @@ def test_rope_index_like_transformers(pair):
     grid = np.concatenate([grid_a, grid_b])
     pos, deltas = model.get_rope_index(cfg, ids, mask, grid)
     pos_ref, deltas_ref = ref.model.get_rope_index(
-        torch.as_tensor(ids), torch.as_tensor((ids == cfg.image_token_id).astype(np.int64)),
-        image_grid_thw=torch.as_tensor(grid), attention_mask=torch.as_tensor(mask),
+        torch.as_tensor(ids),
+        torch.as_tensor((ids == cfg.image_token_id).astype(np.int64)),
+        image_grid_thw=torch.as_tensor(grid),
+        attention_mask=torch.as_tensor(mask),
     )
     np.testing.assert_array_equal(pos[:, mask.astype(bool)], pos_ref.numpy()[:, mask.astype(bool)])
     np.testing.assert_array_equal(deltas, deltas_ref.numpy().ravel())
@@ -199,7 +232,10 @@ def test_save_pretrained_loads_in_transformers(pair, tmp_path):
     out = tmp_path / "export"
     hf.save_pretrained(out, cfg, params, max_shard_bytes=40_000)  # force several shards + index
     files = sorted(os.listdir(out))
-    assert "model.safetensors.index.json" in files and sum(f.endswith(".safetensors") for f in files) > 1
+    assert (
+        "model.safetensors.index.json" in files
+        and sum(f.endswith(".safetensors") for f in files) > 1
+    )
     reloaded = Qwen3VLForConditionalGeneration.from_pretrained(out, dtype=torch.float32).eval()
     ids, pixels, grid = image_prompt(cfg, [(1, 4, 4)], np.random.default_rng(10))
     ids, mask = ids[None], np.ones((1, len(ids)), np.int64)
@@ -207,7 +243,10 @@ def test_save_pretrained_loads_in_transformers(pair, tmp_path):
     assert _max_err(model.forward(cfg, params, ids, mask, pixels, grid), expected) <= TOL
     assert reloaded.config.tie_word_embeddings == cfg.tie_word_embeddings
     if cfg.tie_word_embeddings:
-        assert reloaded.lm_head.weight.data_ptr() == reloaded.model.language_model.embed_tokens.weight.data_ptr()
+        assert (
+            reloaded.lm_head.weight.data_ptr()
+            == reloaded.model.language_model.embed_tokens.weight.data_ptr()
+        )
 
 
 def test_load_save_load_is_bit_identical(pair, tmp_path):
@@ -218,7 +257,10 @@ def test_load_save_load_is_bit_identical(pair, tmp_path):
     for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
         assert x.dtype == y.dtype and np.array_equal(np.asarray(x), np.asarray(y))
     hf.save_pretrained(tmp_path / "b", cfg2, params2)
-    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    a, b = (
+        load_file(tmp_path / "a" / "model.safetensors"),
+        load_file(tmp_path / "b" / "model.safetensors"),
+    )
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
@@ -226,10 +268,15 @@ def test_bf16_params_round_trip(pair, tmp_path):
     cfg, _, params, _ = pair
     hf.save_pretrained(tmp_path / "f32", cfg, params)
     cfg16, p16 = hf.load_pretrained(tmp_path / "f32", dtype=jnp.bfloat16)
-    assert cfg16.param_dtype == "bfloat16" and all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(p16))
+    assert cfg16.param_dtype == "bfloat16" and all(
+        x.dtype == jnp.bfloat16 for x in jax.tree.leaves(p16)
+    )
     hf.save_pretrained(tmp_path / "bf16", cfg16, p16)
     _, again = hf.load_pretrained(tmp_path / "bf16", dtype=jnp.bfloat16)
-    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(p16), jax.tree.leaves(again)))
+    assert all(
+        np.array_equal(np.asarray(x), np.asarray(y))
+        for x, y in zip(jax.tree.leaves(p16), jax.tree.leaves(again))
+    )
 
 
 def test_bf16_compute_tracks_fp32(pair):
@@ -266,8 +313,18 @@ def test_param_axes_cover_every_parameter():
     cfg = model.tiny()
     shapes = model.abstract_params(cfg)
     axes = model.param_axes(cfg)
-    pairs = jax.tree.leaves(jax.tree.map(lambda s, a: (len(s.shape), len(a)), shapes, axes, is_leaf=lambda x: isinstance(x, tuple)))
-    flat_shapes, flat_axes = jax.tree.leaves(shapes), jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple))
+    pairs = jax.tree.leaves(
+        jax.tree.map(
+            lambda s, a: (len(s.shape), len(a)),
+            shapes,
+            axes,
+            is_leaf=lambda x: isinstance(x, tuple),
+        )
+    )
+    flat_shapes, flat_axes = (
+        jax.tree.leaves(shapes),
+        jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)),
+    )
     assert len(flat_shapes) == len(flat_axes) > 0 and pairs
     for s, a in zip(flat_shapes, flat_axes):
         assert len(a) == len(s.shape) and all(isinstance(n, str) for n in a)
@@ -296,7 +353,10 @@ def test_error_on_missing_and_unexpected_tensors(tmp_path):
     tensors.pop("model.language_model.norm.weight")
     tensors["model.extra.weight"] = np.zeros(3, np.float32)
     save_file(tensors, f)
-    with pytest.raises(ValueError, match=r"missing 1 tensors \['model.language_model.norm.weight'\].*unexpected 1 tensors \['model.extra.weight'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"missing 1 tensors \['model.language_model.norm.weight'\].*unexpected 1 tensors \['model.extra.weight'\]",
+    ):
         hf.load_pretrained(tmp_path)
 
 
@@ -306,7 +366,9 @@ def test_error_on_shape_mismatch(tmp_path):
     tensors = load_file(f)
     tensors["model.visual.pos_embed.weight"] = np.zeros((9, 32), np.float32)
     save_file(tensors, f)
-    with pytest.raises(ValueError, match=r"model.visual.pos_embed.weight has shape \(9, 32\), expected \(16, 32\)"):
+    with pytest.raises(
+        ValueError, match=r"model.visual.pos_embed.weight has shape \(9, 32\), expected \(16, 32\)"
+    ):
         hf.load_pretrained(tmp_path)
 
 
@@ -325,6 +387,13 @@ def test_error_on_image_token_mismatch():
     params = model.init_params(cfg, 0)
     ids, pixels, grid = image_prompt(cfg, [(1, 4, 4)], np.random.default_rng(12))
     with pytest.raises(ValueError, match="image tokens and images do not match"):
-        model.forward(cfg, params, ids[None, :-6], np.ones((1, len(ids) - 6)), pixels, grid * np.array([1, 2, 1]))
+        model.forward(
+            cfg,
+            params,
+            ids[None, :-6],
+            np.ones((1, len(ids) - 6)),
+            pixels,
+            grid * np.array([1, 2, 1]),
+        )
     with pytest.raises(ValueError, match="no image_grid_thw"):
         model.forward(cfg, params, ids[None], np.ones((1, len(ids))))

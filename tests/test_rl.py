@@ -13,18 +13,18 @@ import os
 import jax
 import numpy as np
 import pytest
-
 import rl_patterns
+
 from mocojax import config_utils, losses, momentum
-from mocojax.train import rl, rl_config, rl_evals
-from mocojax.train import rollout as rollout_lib
+from mocojax.train import rl, rl_config, rl_evals, rollout as rollout_lib
 
 CONFIGS = os.path.join(os.path.dirname(__file__), os.pardir, "configs")
 
 
 def _toy_config():
-    spec = importlib.util.spec_from_file_location("toyworld_config",
-                                                  os.path.join(CONFIGS, "toyworld.py"))
+    spec = importlib.util.spec_from_file_location(
+        "toyworld_config", os.path.join(CONFIGS, "toyworld.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config("tiny")
@@ -48,7 +48,9 @@ def test_split_shared_prefix_rebuilds_every_prompt():
 
 def test_identical_prompts_keep_one_continuation_token():
     ids = np.array([[3, 4, 5], [3, 4, 5]])
-    prefix, prefix_mask, tails, tail_mask = rollout_lib.split_shared_prefix(ids, np.ones_like(ids), 2)
+    prefix, prefix_mask, tails, tail_mask = rollout_lib.split_shared_prefix(
+        ids, np.ones_like(ids), 2
+    )
     assert prefix[0].tolist() == [3, 4] and tails[:, :1].tolist() == [[5], [5]]
 
 
@@ -64,9 +66,12 @@ def test_micro_weights_make_accumulated_loss_exact(aggregation):
     full, _ = losses.grpo_loss(logprobs, old, advantages, mask, aggregation=aggregation)
     split = lambda x: x.reshape(num_micro, rows, *x.shape[1:])
     weights = rl.micro_weights(split(mask), aggregation)
-    accumulated = sum(w * losses.grpo_loss(lp, o, a, m, aggregation=aggregation)[0]
-                      for w, lp, o, a, m in zip(weights, split(logprobs), split(old),
-                                                split(advantages), split(mask)))
+    accumulated = sum(
+        w * losses.grpo_loss(lp, o, a, m, aggregation=aggregation)[0]
+        for w, lp, o, a, m in zip(
+            weights, split(logprobs), split(old), split(advantages), split(mask)
+        )
+    )
     np.testing.assert_allclose(accumulated, full, rtol=1e-6)
 
 
@@ -122,7 +127,9 @@ def test_rl_end_to_end_policy_moves_momentum_is_ema_roles_get_no_gradient(tmp_pa
     assert step_state_keys == [["opt_state", "params", "rng", "step"]] * steps
     # Each update moves the Policy up its own batch's advantage-weighted log-likelihood (a sign
     # error or a one-token shift between logits and caption tokens would lower it).
-    assert len(objective_change) == steps and all(change > 0 for change in objective_change), objective_change
+    assert len(objective_change) == steps and all(change > 0 for change in objective_change), (
+        objective_change
+    )
 
     theta_0 = jax.tree.map(np.array, config_utils.build_setup(config, workdir).load_params())
     leaves = lambda tree: [np.asarray(x, np.float64) for x in jax.tree.leaves(tree)]
@@ -147,17 +154,30 @@ def test_rl_end_to_end_policy_moves_momentum_is_ema_roles_get_no_gradient(tmp_pa
     distance = lambda a, b: np.sqrt(sum(np.sum((x - y) ** 2) for x, y in zip(a, b)))
     phi_prev = leaves(theta_0)
     for row, theta, copies in zip(logged, trajectory, momenta):
-        np.testing.assert_allclose(row["tracking_error"],
-                                   distance(leaves(theta), leaves(copies["ema"])), rtol=1e-4)
-        np.testing.assert_allclose(row["momentum_update"],
-                                   distance(leaves(copies["ema"]), phi_prev), rtol=1e-4)
+        np.testing.assert_allclose(
+            row["tracking_error"], distance(leaves(theta), leaves(copies["ema"])), rtol=1e-4
+        )
+        np.testing.assert_allclose(
+            row["momentum_update"], distance(leaves(copies["ema"]), phi_prev), rtol=1e-4
+        )
         phi_prev = leaves(copies["ema"])
         assert row["zero_variance_frac"] == 0.0 and row["rubric_items"] == 2.0
-        for key in ("reward_mean", "reward_std", "clip_frac_low", "clip_frac_high",
-                    "policy_displacement", "tracking_error_frozen", "generator_problems",
-                    "judge_problems", "caption_tokens", "true/caption_f1",
-                    "time/policy_sampling_s", "time/rubric_generation_s", "time/judging_s",
-                    "time/update_s"):
+        for key in (
+            "reward_mean",
+            "reward_std",
+            "clip_frac_low",
+            "clip_frac_high",
+            "policy_displacement",
+            "tracking_error_frozen",
+            "generator_problems",
+            "judge_problems",
+            "caption_tokens",
+            "true/caption_f1",
+            "time/policy_sampling_s",
+            "time/rubric_generation_s",
+            "time/judging_s",
+            "time/update_s",
+        ):
             assert np.isfinite(row[key]), key
 
     with open(os.path.join(workdir, "rl_samples.jsonl")) as f:
@@ -177,7 +197,10 @@ def test_judge_gate_refuses_rl_with_a_weak_judge(tmp_path, monkeypatch):
     config.rl.judge_gate, config.rl.judge_gate_refuse = 0.99, True
     updates = []
     monkeypatch.setattr(rl, "train_batch", lambda *args: updates.append(1))
-    with pytest.raises(RuntimeError, match=r"RL refused: the Judge's balanced accuracy within item kinds .* is 0\.\d+"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"RL refused: the Judge's balanced accuracy within item kinds .* is 0\.\d+",
+    ):
         rl.run_rl(config, str(tmp_path))
     assert updates == []
 
@@ -218,8 +241,7 @@ def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatc
 
 
 def test_exact_roles_by_hand():
-    from mocojax.data import toyroles
-    from mocojax.data import toyworld as tw
+    from mocojax.data import toyroles, toyworld as tw
 
     scene = tw.Scene("s", "white", (tw.Obj("circle", "red", "large", "top left"),))
     exact = toyroles.ExactRoles({"s": scene})
@@ -227,5 +249,7 @@ def test_exact_roles_by_hand():
     rubric = exact.rubric("s", [invented])
     assert rubric[0].criterion == "does not mention a blue star"
     assert exact.decisions(rubric, invented)[0] == 0
-    assert exact.decisions(rubric, "A big red circle at the top left on a white background.")[0] == 1
+    assert (
+        exact.decisions(rubric, "A big red circle at the top left on a white background.")[0] == 1
+    )
     assert exact.decisions([rubric[0]._replace(criterion="is pretty")], invented) == [0]

@@ -6,50 +6,71 @@ from PIL import Image
 
 from mocojax import roles
 
-ITEMS = [roles.RubricItem("mentions a red circle", "a red circle must be named", 3.0),
-         roles.RubricItem("the circle is large", "it must be called large", 2.0),
-         roles.RubricItem("the background is white", "it must be called white", 1.5)]
-DECISIONS = [roles.Decision(1, "it is named"), roles.Decision(0, "it is small"),
-             roles.Decision(1, "it is called white")]
+ITEMS = [
+    roles.RubricItem("mentions a red circle", "a red circle must be named", 3.0),
+    roles.RubricItem("the circle is large", "it must be called large", 2.0),
+    roles.RubricItem("the background is white", "it must be called white", 1.5),
+]
+DECISIONS = [
+    roles.Decision(1, "it is named"),
+    roles.Decision(0, "it is small"),
+    roles.Decision(1, "it is called white"),
+]
 
 
 def test_round_trips():
-    assert roles.format_rubric(ITEMS).splitlines()[0] == \
-        "1 | 3 | mentions a red circle | a red circle must be named"
+    assert (
+        roles.format_rubric(ITEMS).splitlines()[0]
+        == "1 | 3 | mentions a red circle | a red circle must be named"
+    )
     assert roles.parse_rubric(roles.format_rubric(ITEMS)) == (ITEMS, [])
     assert roles.parse_decisions(roles.format_decisions(DECISIONS), 3) == (DECISIONS, [])
 
 
 def test_rubric_tolerates_fences_reasoning_and_trailing_text():
-    text = ("Let me look at the candidates first.\nThey miss the circle.\n```\n"
-            + roles.format_rubric(ITEMS) + "\n```\nThat is the rubric. Done | ok")
+    text = (
+        "Let me look at the candidates first.\nThey miss the circle.\n```\n"
+        + roles.format_rubric(ITEMS)
+        + "\n```\nThat is the rubric. Done | ok"
+    )
     items, problems = roles.parse_rubric(text)
     assert items == ITEMS and problems == []
 
 
 def test_rubric_weights():
-    text = ("1 | high | mentions a red circle | named\n"       # non-numeric -> default
-            "2 | mentions a blue square | named\n"             # missing -> default
-            "3 | 0 | mentions a green star | named\n"          # non-positive -> dropped
-            "4 | -2 | mentions a red star | named\n"
-            "5 | 1e6 | mentions a red square | named\n"        # clipped
-            "6 | nan | mentions a red diamond | named\n")
+    text = (
+        "1 | high | mentions a red circle | named\n"  # non-numeric -> default
+        "2 | mentions a blue square | named\n"  # missing -> default
+        "3 | 0 | mentions a green star | named\n"  # non-positive -> dropped
+        "4 | -2 | mentions a red star | named\n"
+        "5 | 1e6 | mentions a red square | named\n"  # clipped
+        "6 | nan | mentions a red diamond | named\n"
+    )
     items, problems = roles.parse_rubric(text)
-    assert [i.criterion for i in items] == ["mentions a red circle", "mentions a blue square",
-                                            "mentions a red square", "mentions a red diamond"]
+    assert [i.criterion for i in items] == [
+        "mentions a red circle",
+        "mentions a blue square",
+        "mentions a red square",
+        "mentions a red diamond",
+    ]
     assert [i.weight for i in items] == [1.0, 1.0, roles.MAX_WEIGHT, 1.0]
     assert len(problems) == 6 and all(p.startswith("item ") for p in problems)
 
 
 def test_rubric_ids_duplicates_and_truncation():
-    text = ("3 | 2 | the circle is large | called large\n"
-            "3 | 2 | the circle is red | called red\n"
-            "- [7]: 1 | The circle is  LARGE | again\n"       # duplicate criterion, decorated id
-            "8 | 3 | mentions a red circle\n"                  # complete but without a check
-            "9 | 3 | mentions a gre")                          # truncated mid-item
+    text = (
+        "3 | 2 | the circle is large | called large\n"
+        "3 | 2 | the circle is red | called red\n"
+        "- [7]: 1 | The circle is  LARGE | again\n"  # duplicate criterion, decorated id
+        "8 | 3 | mentions a red circle\n"  # complete but without a check
+        "9 | 3 | mentions a gre"
+    )  # truncated mid-item
     items, problems = roles.parse_rubric(text)
-    assert [i.criterion for i in items] == ["the circle is large", "the circle is red",
-                                            "mentions a red circle"]
+    assert [i.criterion for i in items] == [
+        "the circle is large",
+        "the circle is red",
+        "mentions a red circle",
+    ]
     assert items[2].check == ""
     assert any("duplicate id" in p for p in problems)
     assert any("duplicate criterion" in p for p in problems)
@@ -64,12 +85,14 @@ def test_rubric_never_raises(text):
 
 
 def test_decisions_tolerance():
-    text = ("Checking each item.\n```text\n"
-            "1 | yes | named\n"
-            "1 | 0 | second answer ignored\n"
-            "7 | 1 | out of range\n"
-            "2 | maybe | unreadable\n"
-            "Item 3: 1 | fine\n```\ntrailing words")
+    text = (
+        "Checking each item.\n```text\n"
+        "1 | yes | named\n"
+        "1 | 0 | second answer ignored\n"
+        "7 | 1 | out of range\n"
+        "2 | maybe | unreadable\n"
+        "Item 3: 1 | fine\n```\ntrailing words"
+    )
     decisions, problems = roles.parse_decisions(text, 4)
     assert [d.value for d in decisions] == [1, 0, 1, 0]
     assert decisions[0].rationale == "named"
@@ -106,8 +129,9 @@ def test_messages():
     first = roles.judge_messages(ITEMS, "a red circle")[0]["content"][0]["text"]
     second = roles.judge_messages(ITEMS, "a blue square")[0]["content"][0]["text"]
     # Rubric first, caption last: everything before the caption is a shared prefix.
-    prefix = first[:-len("a red circle")]
+    prefix = first[: -len("a red circle")]
     assert second.startswith(prefix) and prefix.endswith("Caption:\n")
     assert "3 | the background is white | it must be called white" in prefix
-    assert all(part["type"] == "text" for m in roles.judge_messages(ITEMS, "x")
-               for part in m["content"])
+    assert all(
+        part["type"] == "text" for m in roles.judge_messages(ITEMS, "x") for part in m["content"]
+    )

@@ -8,13 +8,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-
 from hf_reference import image_prompt, left_pad, random_hf_model
+
 from mocojax import hf, model, sampling
 
 TOL = 1e-4
 CFG = model.tiny(num_heads=4, num_kv_heads=2)
-SPECIAL = (CFG.image_token_id, CFG.video_token_id, CFG.vision_start_token_id, CFG.vision_end_token_id)
+SPECIAL = (
+    CFG.image_token_id,
+    CFG.video_token_id,
+    CFG.vision_start_token_id,
+    CFG.vision_end_token_id,
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +60,23 @@ def test_greedy_matches_transformers_generate(pair, case):
     ids, mask, pixels, grid = _prompts(case)
     inputs = dict(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask))
     if pixels is not None:
-        inputs.update(pixel_values=torch.as_tensor(pixels), image_grid_thw=torch.as_tensor(grid),
-                      mm_token_type_ids=torch.as_tensor((ids == CFG.image_token_id).astype(np.int64)))
+        inputs.update(
+            pixel_values=torch.as_tensor(pixels),
+            image_grid_thw=torch.as_tensor(grid),
+            mm_token_type_ids=torch.as_tensor((ids == CFG.image_token_id).astype(np.int64)),
+        )
     with torch.no_grad():
-        expected = ref.generate(**inputs, do_sample=False, max_new_tokens=32, min_new_tokens=32, eos_token_id=None,
-                                pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-    expected_tokens = expected.sequences[:, ids.shape[1]:].numpy()
+        expected = ref.generate(
+            **inputs,
+            do_sample=False,
+            max_new_tokens=32,
+            min_new_tokens=32,
+            eos_token_id=None,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    expected_tokens = expected.sequences[:, ids.shape[1] :].numpy()
     expected_logp = _log_softmax(torch.stack(expected.logits, 1).numpy())
     expected_logp = np.take_along_axis(expected_logp, expected_tokens[..., None], -1)[..., 0]
 
@@ -76,28 +92,54 @@ def test_sampled_logprobs_equal_full_forward_and_scorer(pair):
     ids, mask, pixels, grid = _prompts("left_padded_batch")
     n, steps = 3, 24
     eos = SPECIAL + tuple(range(8))
-    out = sampling.generate(CFG, params, ids, mask, pixels, grid, max_new_tokens=steps, num_samples=n,
-                            temperature=1.0, eos_token_ids=eos, rng=jax.random.key(3))
+    out = sampling.generate(
+        CFG,
+        params,
+        ids,
+        mask,
+        pixels,
+        grid,
+        max_new_tokens=steps,
+        num_samples=n,
+        temperature=1.0,
+        eos_token_ids=eos,
+        rng=jax.random.key(3),
+    )
     tokens, logprobs, lengths = (np.asarray(x) for x in (out.tokens, out.logprobs, out.lengths))
     done = np.asarray(out.mask)
-    assert 0 < lengths.min() < steps == lengths.max()  # some rows stopped early, some ran to the end
+    assert (
+        0 < lengths.min() < steps == lengths.max()
+    )  # some rows stopped early, some ran to the end
     for r, length in enumerate(lengths):
         assert length == steps or tokens[r, length - 1] in eos
         assert not np.isin(tokens[r, : length - 1], eos).any()
     assert (tokens[~done] == 0).all() and (logprobs[~done] == 0).all()
 
     # A special id can only be a row's last token (an EOS): it predicts nothing, so it can be replaced.
-    full_ids = np.concatenate([np.repeat(ids, n, 0), np.where(np.isin(tokens, SPECIAL), 0, tokens)], 1)
+    full_ids = np.concatenate(
+        [np.repeat(ids, n, 0), np.where(np.isin(tokens, SPECIAL), 0, tokens)], 1
+    )
     full_mask = np.concatenate([np.repeat(mask, n, 0), done], 1)
-    logits = model.forward(CFG, params, full_ids, full_mask, np.tile(pixels, (n, 1)), np.tile(grid, (n, 1)))
+    logits = model.forward(
+        CFG, params, full_ids, full_mask, np.tile(pixels, (n, 1)), np.tile(grid, (n, 1))
+    )
     logp = _log_softmax(np.asarray(logits)[:, ids.shape[1] - 1 : -1])
     expected = np.where(done, np.take_along_axis(logp, tokens[..., None], -1)[..., 0], 0.0)
     np.testing.assert_allclose(logprobs, expected, atol=TOL, rtol=0)
 
     # The scorer, whole and with its log-softmax in chunks of 5 positions (24 = 4 x 5 + 4).
     for cfg in (CFG, CFG.replace(logits_chunk=5)):
-        scored = sampling.sequence_logprobs(cfg, params, ids, mask, pixels, grid, completion=tokens,
-                                            completion_mask=done, num_samples=n)
+        scored = sampling.sequence_logprobs(
+            cfg,
+            params,
+            ids,
+            mask,
+            pixels,
+            grid,
+            completion=tokens,
+            completion_mask=done,
+            num_samples=n,
+        )
         np.testing.assert_allclose(np.asarray(scored), expected, atol=TOL, rtol=0)
 
 
@@ -117,11 +159,21 @@ def test_shared_prefill_encodes_each_prompt_once(pair, monkeypatch):
     kw = dict(max_new_tokens=16, temperature=1.0, top_k=50, rng=jax.random.key(5))
     shared = sampling.generate(CFG, params, ids, mask, pixels, grid, num_samples=n, **kw)
     assert encoded_rows == [2]
-    repeated = sampling.generate(CFG, params, np.repeat(ids, n, 0), np.repeat(mask, n, 0), np.tile(pixels, (n, 1)),
-                                 np.tile(grid, (n, 1)), num_samples=1, **kw)
+    repeated = sampling.generate(
+        CFG,
+        params,
+        np.repeat(ids, n, 0),
+        np.repeat(mask, n, 0),
+        np.tile(pixels, (n, 1)),
+        np.tile(grid, (n, 1)),
+        num_samples=1,
+        **kw,
+    )
     assert encoded_rows == [2, 2 * n]
     np.testing.assert_array_equal(np.asarray(shared.tokens), np.asarray(repeated.tokens))
-    np.testing.assert_allclose(np.asarray(shared.logprobs), np.asarray(repeated.logprobs), atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(shared.logprobs), np.asarray(repeated.logprobs), atol=1e-5
+    )
     assert len({tuple(row) for row in np.asarray(shared.tokens)}) == 2 * n  # the samples differ
 
 
@@ -138,11 +190,30 @@ def test_shared_prefix_continuations_match_full_prompts(pair):
     cont_mask = np.zeros_like(cont_ids)
     for r, c in enumerate(continuations):
         cont_ids[r, : len(c)], cont_mask[r, : len(c)] = c, 1
-    out = sampling.generate_with_shared_prefix(CFG, params, ids, mask, pixels, grid, continuations=cont_ids,
-                                               continuation_mask=cont_mask, max_new_tokens=16, num_samples=n)
-    full_ids, full_mask = left_pad([np.concatenate([prefixes[r // n], c]) for r, c in enumerate(continuations)])
-    expected = sampling.generate(CFG, params, full_ids, full_mask, np.tile(pixels, (n, 1)), np.tile(grid, (n, 1)),
-                                 max_new_tokens=16)
+    out = sampling.generate_with_shared_prefix(
+        CFG,
+        params,
+        ids,
+        mask,
+        pixels,
+        grid,
+        continuations=cont_ids,
+        continuation_mask=cont_mask,
+        max_new_tokens=16,
+        num_samples=n,
+    )
+    full_ids, full_mask = left_pad(
+        [np.concatenate([prefixes[r // n], c]) for r, c in enumerate(continuations)]
+    )
+    expected = sampling.generate(
+        CFG,
+        params,
+        full_ids,
+        full_mask,
+        np.tile(pixels, (n, 1)),
+        np.tile(grid, (n, 1)),
+        max_new_tokens=16,
+    )
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(expected.tokens))
     np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(expected.logprobs), atol=TOL)
 
@@ -166,16 +237,21 @@ def _reference_distribution(logits, temperature, top_k, top_p):
     return out
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 0, 1.0), (1.0, 3, 1.0),
-                                                     (1.0, 0, 0.6), (1.5, 5, 0.7)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    [(1.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.6), (1.5, 5, 0.7)],
+)
 def test_sampling_statistics(temperature, top_k, top_p):
     """Empirical frequencies of 40k draws match the filtered softmax within 5 standard errors."""
     logits = np.log(np.array([0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02], np.float32))
     draws = 40_000
     sampler = sampling.Sampler(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
     keys = jax.random.split(jax.random.key(0), draws)
-    tokens = np.asarray(jax.jit(sampling.choose_tokens, static_argnums=2)(
-        jnp.broadcast_to(logits, (draws, logits.size)), keys, sampler))
+    tokens = np.asarray(
+        jax.jit(sampling.choose_tokens, static_argnums=2)(
+            jnp.broadcast_to(logits, (draws, logits.size)), keys, sampler
+        )
+    )
     expected = _reference_distribution(logits, temperature, top_k, top_p)
     freq = np.bincount(tokens, minlength=logits.size) / draws
     assert (freq[expected == 0] == 0).all()
@@ -193,10 +269,20 @@ def test_deterministic_for_an_rng_and_all_eos_stops_at_once(pair):
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     np.testing.assert_array_equal(np.asarray(a.logprobs), np.asarray(b.logprobs))
     assert (np.asarray(a.tokens) != np.asarray(c.tokens)).any()
-    every = sampling.generate(CFG, params, ids, mask, eos_token_ids=range(CFG.text.vocab_size), pad_id=-1,
-                              rng=jax.random.key(1), **kw)
+    every = sampling.generate(
+        CFG,
+        params,
+        ids,
+        mask,
+        eos_token_ids=range(CFG.text.vocab_size),
+        pad_id=-1,
+        rng=jax.random.key(1),
+        **kw,
+    )
     np.testing.assert_array_equal(np.asarray(every.lengths), 1)
-    assert (np.asarray(every.tokens)[:, 1:] == -1).all() and (np.asarray(every.logprobs)[:, 1:] == 0).all()
+    assert (np.asarray(every.tokens)[:, 1:] == -1).all() and (
+        np.asarray(every.logprobs)[:, 1:] == 0
+    ).all()
 
 
 def test_prompt_buckets_bound_the_compiled_programs(pair):
@@ -209,7 +295,11 @@ def test_prompt_buckets_bound_the_compiled_programs(pair):
         ids, mask = left_pad([rng.integers(0, 240, width), rng.integers(0, 240, width - 3)])
         sampling.generate(CFG, params, ids, mask, max_new_tokens=8)
     assert sampling.program_counts() == before
-    assert sampling.bucket(9) == 16 and sampling.bucket(1500) == 2048 and sampling.bucket(70, minimum=64) == 128
+    assert (
+        sampling.bucket(9) == 16
+        and sampling.bucket(1500) == 2048
+        and sampling.bucket(70, minimum=64) == 128
+    )
 
 
 def test_clear_errors(pair):

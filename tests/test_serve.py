@@ -6,9 +6,9 @@ import json
 import httpx
 import numpy as np
 import pytest
+from serving_helpers import PIXELS, data_url, served, tiny_hf_dir
 
 from mocojax import processing, sampling, serve
-from serving_helpers import PIXELS, data_url, served, tiny_hf_dir
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,15 @@ def local(model_dir):
 
 @pytest.fixture(scope="module")
 def url(model_dir):
-    with served(model_dir, "--max_body_mb", "0.5", "--max_image_pixels", "100000", "--max_tokens_limit", "64") as u:
+    with served(
+        model_dir,
+        "--max_body_mb",
+        "0.5",
+        "--max_image_pixels",
+        "100000",
+        "--max_tokens_limit",
+        "64",
+    ) as u:
         yield u
 
 
@@ -33,39 +41,86 @@ def _post(url, body, timeout=120):
 
 
 TEXT = [{"role": "user", "content": "Describe the image in detail."}]
-IMAGE = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url()}},
-                                      {"type": "text", "text": "Describe the image in detail."}]}]
+IMAGE = [
+    {
+        "role": "user",
+        "content": [
+            {"type": "image_url", "image_url": {"url": data_url()}},
+            {"type": "text", "text": "Describe the image in detail."},
+        ],
+    }
+]
 
 
 def _reference(local, messages, max_tokens):
     """Greedy (text, logprobs) from sampling.generate directly, on the processor's own conversation."""
-    conversation = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else [
-        {"type": "text", "text": p["text"]} if p["type"] == "text" else
-        {"type": "image", "image": processing.load_image(serve.base64.b64decode(p["image_url"]["url"].split(",")[1]))}
-        for p in m["content"]]} for m in messages]
+    conversation = [
+        {
+            "role": m["role"],
+            "content": m["content"]
+            if isinstance(m["content"], str)
+            else [
+                {"type": "text", "text": p["text"]}
+                if p["type"] == "text"
+                else {
+                    "type": "image",
+                    "image": processing.load_image(
+                        serve.base64.b64decode(p["image_url"]["url"].split(",")[1])
+                    ),
+                }
+                for p in m["content"]
+            ],
+        }
+        for m in messages
+    ]
     p = local.processor
     batch = p([conversation], mode="generate")
-    out = sampling.generate(local.cfg, local.params, batch["input_ids"], batch["attention_mask"], batch["pixel_values"],
-                            batch["image_grid_thw"], max_new_tokens=max_tokens, eos_token_ids=p.eos_token_ids,
-                            pad_id=p.pad_token_id)
+    out = sampling.generate(
+        local.cfg,
+        local.params,
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["pixel_values"],
+        batch["image_grid_thw"],
+        max_new_tokens=max_tokens,
+        eos_token_ids=p.eos_token_ids,
+        pad_id=p.pad_token_id,
+    )
     n = int(out.lengths[0])
     ids = [int(t) for t in np.asarray(out.tokens[0, :n])]
     if ids and ids[-1] in p.eos_token_ids:
         ids = ids[:-1]
-    return p.tokenizer.decode(ids, skip_special_tokens=True), np.asarray(out.logprobs[0, :len(ids)]), ids
+    return (
+        p.tokenizer.decode(ids, skip_special_tokens=True),
+        np.asarray(out.logprobs[0, : len(ids)]),
+        ids,
+    )
 
 
 @pytest.mark.parametrize("messages", [TEXT, IMAGE], ids=["text", "image"])
 def test_greedy_reply_equals_sampling_generate(url, local, messages):
-    response = _post(url, {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 12, "logprobs": True})
+    response = _post(
+        url,
+        {
+            "model": "tiny",
+            "messages": messages,
+            "temperature": 0,
+            "max_tokens": 12,
+            "logprobs": True,
+        },
+    )
     assert response.status_code == 200, response.text
     body = response.json()
     choice = body["choices"][0]
     text, logprobs, ids = _reference(local, messages, 12)
     assert len(ids) > 0
     assert choice["message"]["content"] == text
-    assert [t["token"] for t in choice["logprobs"]["content"]] == [local.processor.tokenizer.decode([i]) for i in ids]
-    np.testing.assert_allclose([t["logprob"] for t in choice["logprobs"]["content"]], logprobs, atol=1e-4)
+    assert [t["token"] for t in choice["logprobs"]["content"]] == [
+        local.processor.tokenizer.decode([i]) for i in ids
+    ]
+    np.testing.assert_allclose(
+        [t["logprob"] for t in choice["logprobs"]["content"]], logprobs, atol=1e-4
+    )
     assert choice["finish_reason"] == ("length" if len(ids) == 12 else "stop")
     assert body["usage"]["completion_tokens"] == min(12, len(ids) + 1)
     assert body["object"] == "chat.completion" and body["model"] == "tiny"
@@ -75,8 +130,11 @@ def test_concurrent_requests_share_one_sampler_call_and_match_their_solo_replies
     batcher = serve.Batcher(local, window_s=1.0, max_batch=8, max_tokens_limit=64)
     try:
         prompts = [[{"role": "user", "content": f"Describe scene {k}."}] for k in range(3)]
-        make = lambda m, n=8: serve.parse_request({"messages": m, "temperature": 0, "max_tokens": n},  # noqa: E731
-                                                  max_tokens_limit=64, max_n=4)
+        make = lambda m, n=8: serve.parse_request(
+            {"messages": m, "temperature": 0, "max_tokens": n},  # noqa: E731
+            max_tokens_limit=64,
+            max_n=4,
+        )
         futures = [batcher.submit(make(m, 8 + k)) for k, m in enumerate(prompts)]
         together = [f.result(timeout=300) for f in futures]
         assert batcher.batch_sizes == [3]
@@ -85,13 +143,23 @@ def test_concurrent_requests_share_one_sampler_call_and_match_their_solo_replies
         for k, (a, b) in enumerate(zip(together, alone)):
             assert a["choices"][0]["ids"] == b["choices"][0]["ids"]
             assert a["choices"][0]["generated"] <= 8 + k  # each request's own max_tokens
-            np.testing.assert_allclose(a["choices"][0]["logprobs"], b["choices"][0]["logprobs"], atol=1e-4)
+            np.testing.assert_allclose(
+                a["choices"][0]["logprobs"], b["choices"][0]["logprobs"], atol=1e-4
+            )
     finally:
         batcher.close()
 
 
 def test_seeded_sampling_is_reproducible_and_n_gives_n_choices(url):
-    body = {"model": "tiny", "messages": IMAGE, "temperature": 1.0, "top_p": 0.9, "max_tokens": 10, "n": 3, "seed": 7}
+    body = {
+        "model": "tiny",
+        "messages": IMAGE,
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "max_tokens": 10,
+        "n": 3,
+        "seed": 7,
+    }
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         replies = list(pool.map(lambda b: _post(url, b).json(), [body, body, {**body, "seed": 8}]))
     texts = [[c["message"]["content"] for c in r["choices"]] for r in replies]
@@ -100,20 +168,64 @@ def test_seeded_sampling_is_reproducible_and_n_gives_n_choices(url):
     assert texts[0] != texts[2]
 
 
-@pytest.mark.parametrize("body, status, words", [
-    (b"{not json", 400, "not valid JSON"),
-    ({"messages": TEXT, "stream": True}, 400, "stream"),
-    ({"messages": TEXT, "max_tokens": 65}, 400, "max_tokens=65"),
-    ({"messages": TEXT, "model": "other"}, 404, "'other' is not served"),
-    ({"messages": [{"role": "assistant", "content": "hi"}]}, 400, "last message"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]},
-     400, "only base64 data: URLs"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
-     400, "cannot decode image"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url((400, 300))}}]}]},
-     400, "more than 100000 pixels"),
-    ({"messages": [{"role": "user", "content": "x" * 600_000}]}, 413, "exceeds the server's limit"),
-])
+@pytest.mark.parametrize(
+    "body, status, words",
+    [
+        (b"{not json", 400, "not valid JSON"),
+        ({"messages": TEXT, "stream": True}, 400, "stream"),
+        ({"messages": TEXT, "max_tokens": 65}, 400, "max_tokens=65"),
+        ({"messages": TEXT, "model": "other"}, 404, "'other' is not served"),
+        ({"messages": [{"role": "assistant", "content": "hi"}]}, 400, "last message"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}],
+                    }
+                ]
+            },
+            400,
+            "only base64 data: URLs",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image_url",
+                                "image_url": {"url": "data:image/png;base64,AAAA"},
+                            }
+                        ],
+                    }
+                ]
+            },
+            400,
+            "cannot decode image",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": data_url((400, 300))}}
+                        ],
+                    }
+                ]
+            },
+            400,
+            "more than 100000 pixels",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x" * 600_000}]},
+            413,
+            "exceeds the server's limit",
+        ),
+    ],
+)
 def test_bad_requests_get_clear_errors(url, body, status, words):
     content = body if isinstance(body, bytes) else json.dumps(body)
     response = httpx.post(f"{url}/chat/completions", content=content, timeout=60)
@@ -144,8 +256,15 @@ def test_a_workdir_is_served_from_its_config_and_newest_checkpoint(tmp_path):
     np.testing.assert_array_equal(jax.tree.leaves(loaded.params)[0], jax.tree.leaves(params)[0])
     batcher = serve.Batcher(loaded)
     try:
-        reply = batcher.generate([serve.parse_request({"messages": TEXT, "temperature": 0, "max_tokens": 4},
-                                                      max_tokens_limit=64, max_n=1)])
+        reply = batcher.generate(
+            [
+                serve.parse_request(
+                    {"messages": TEXT, "temperature": 0, "max_tokens": 4},
+                    max_tokens_limit=64,
+                    max_n=1,
+                )
+            ]
+        )
     finally:
         batcher.close()
     assert reply[0]["choices"][0]["generated"] <= 4

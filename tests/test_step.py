@@ -6,8 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from mocojax.train import state as state_lib
-from mocojax.train import step as step_lib
+from mocojax.train import state as state_lib, step as step_lib
 
 
 def _loss(params, micro):
@@ -32,10 +31,20 @@ def test_update_keeps_params_without_signal_and_skips_non_finite():
     grads = {"w": jnp.float32(2.0)}
     moved, metrics = step_lib.update(state, grads, optimizer, jnp.float32(1.0))
     assert float(moved["params"]["w"]) == 0.0 and int(metrics["skipped"]) == 0  # 1 - 0.5 x 2
-    kept, metrics = step_lib.update(state, grads, optimizer, jnp.float32(1.0), has_signal=jnp.bool_(False))
-    assert float(kept["params"]["w"]) == 1.0 and int(kept["step"]) == 1 and int(metrics["skipped"]) == 0
+    kept, metrics = step_lib.update(
+        state, grads, optimizer, jnp.float32(1.0), has_signal=jnp.bool_(False)
+    )
+    assert (
+        float(kept["params"]["w"]) == 1.0
+        and int(kept["step"]) == 1
+        and int(metrics["skipped"]) == 0
+    )
     skipped, metrics = step_lib.update(state, grads, optimizer, jnp.float32(np.nan))
-    assert float(skipped["params"]["w"]) == 1.0 and int(skipped["step"]) == 1 and int(metrics["skipped"]) == 1
+    assert (
+        float(skipped["params"]["w"]) == 1.0
+        and int(skipped["step"]) == 1
+        and int(metrics["skipped"]) == 1
+    )
 
 
 def test_split_images_gives_each_micro_batch_its_images_and_patches():

@@ -10,23 +10,31 @@ import numpy as np
 import pytest
 
 from mocojax import roles
-from mocojax.data import toybase, toyroles
-from mocojax.data import toyworld as tw
+from mocojax.data import toybase, toyroles, toyworld as tw
 from mocojax.data.toyworld import Mention, Obj, Scene
 from mocojax.train import rl_evals
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCENE = Scene("toy0-000001", "gray", (Obj("circle", "red", "large", "top left"),
-                                      Obj("star", "blue", "small", "center"),
-                                      Obj("circle", "green", "small", "bottom right")))
+SCENE = Scene(
+    "toy0-000001",
+    "gray",
+    (
+        Obj("circle", "red", "large", "top left"),
+        Obj("star", "blue", "small", "center"),
+        Obj("circle", "green", "small", "bottom right"),
+    ),
+)
 
 
 def test_grid_listing_and_read_listing_by_hand():
-    assert toybase.grid_listing(SCENE) == ("top left: large red circle. center: small blue star. "
-                                           "bottom right: small green circle. background: gray.")
+    assert toybase.grid_listing(SCENE) == (
+        "top left: large red circle. center: small blue star. "
+        "bottom right: small green circle. background: gray."
+    )
     mentions, background = tw.parse_caption("A red circle at the top left and a big star.")
     assert toybase.read_listing(mentions, background) == (
-        "red circle at the top left. large star. background: not given.")
+        "red circle at the top left. large star. background: not given."
+    )
     assert toybase.read_listing([], None) == "no objects. background: not given."
 
 
@@ -41,11 +49,11 @@ def test_base_targets_are_true_of_their_scene(seed):
         if task == "grid":
             assert target == toybase.grid_listing(scene)
         elif task == "cell":
-            cell = record["prompt"][len("What is at the "):-1]
+            cell = record["prompt"][len("What is at the ") : -1]
             obj = cells.get(cell)
             assert target == (f"a {obj.size} {obj.colour} {obj.shape}" if obj else "nothing")
         elif task == "find":
-            colour, shape = record["prompt"][len("Where is the "):-1].split()
+            colour, shape = record["prompt"][len("Where is the ") : -1].split()
             obj = next((o for o in scene.objects if (o.shape, o.colour) == (shape, colour)), None)
             assert target == (f"at the {obj.position}" if obj else f"there is no {colour} {shape}")
         elif task == "caption":
@@ -57,16 +65,24 @@ def test_base_targets_are_true_of_their_scene(seed):
         elif task == "names":
             mentions, _ = tw.parse_caption(record["caption"])
             colour, shape = record["prompt"].rsplit("name a ", 1)[1][:-1].split()
-            assert (target == "yes") == any((m.colour, m.shape) == (colour, shape) for m in mentions)
+            assert (target == "yes") == any(
+                (m.colour, m.shape) == (colour, shape) for m in mentions
+            )
         assert "scene" in record if task in toybase.IMAGE_TASKS else "caption" in record
     # Both answers of the yes/no and "nothing" questions occur: no task is answerable by a prior alone.
     assert counts["names", "yes"] and counts["names", "no"]
-    assert sum(v for (t, a), v in counts.items() if t == "cell" and a != "nothing") > counts["cell", "nothing"] / 2
+    assert (
+        sum(v for (t, a), v in counts.items() if t == "cell" and a != "nothing")
+        > counts["cell", "nothing"] / 2
+    )
 
 
 def test_base_records_deterministic_and_validated():
     assert toybase.base_records(5, 6) == toybase.base_records(5, 6)
-    assert toybase.base_records(5, 2, start=4) == toybase.base_records(5, 6)[-len(toybase.base_records(5, 2, 4)):]
+    assert (
+        toybase.base_records(5, 2, start=4)
+        == toybase.base_records(5, 6)[-len(toybase.base_records(5, 2, 4)) :]
+    )
     with pytest.raises(ValueError, match="unknown base tasks"):
         toybase.scene_base_records(SCENE, 0, {"grid": 1, "riddle": 1})
 
@@ -90,13 +106,16 @@ def test_continued_base_manifest_keeps_the_parent_scenes(tmp_path):
 
     from mocojax import config_utils
 
-    spec = importlib.util.spec_from_file_location("toybase_config", os.path.join(ROOT, "configs", "toybase.py"))
+    spec = importlib.util.spec_from_file_location(
+        "toybase_config", os.path.join(ROOT, "configs", "toybase.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     parent = tmp_path / "parent"
     parent.mkdir()
-    (parent / config_utils.BASE_MANIFEST).write_text(json.dumps(
-        {"scenes_seen": [{"seed": 0, "start": 0, "count": 100}], "built_by": "first"}))
+    (parent / config_utils.BASE_MANIFEST).write_text(
+        json.dumps({"scenes_seen": [{"seed": 0, "start": 0, "count": 100}], "built_by": "first"})
+    )
     config = module.get_config("tiny")
     config.model.init_from = str(parent)
     config.sft.init_stage = ""
@@ -106,8 +125,10 @@ def test_continued_base_manifest_keeps_the_parent_scenes(tmp_path):
     out.mkdir()
     config_utils.write_base_manifest(config, str(out), 7)
     manifest = json.loads((out / config_utils.BASE_MANIFEST).read_text())
-    assert manifest["scenes_seen"] == [{"seed": 0, "start": 0, "count": 100},
-                                       {"seed": 11, "start": 0, "count": 10}]
+    assert manifest["scenes_seen"] == [
+        {"seed": 0, "start": 0, "count": 100},
+        {"seed": 11, "start": 0, "count": 10},
+    ]
     assert manifest["built_by"].startswith("first then ") and "names=2" in manifest["built_by"]
     assert isinstance(config, ml_collections.ConfigDict)
 
@@ -192,8 +213,11 @@ def test_role_records_look_like_rl():
         for caption in generator["candidates"]:
             mentions, _ = tw.parse_caption(caption)
             for m, k in zip(mentions, tw.match_mentions(scene, mentions)):
-                if k is None and m.colour and not any((o.shape, o.colour) == (m.shape, m.colour)
-                                                      for o in scene.objects):
+                if (
+                    k is None
+                    and m.colour
+                    and not any((o.shape, o.colour) == (m.shape, m.colour) for o in scene.objects)
+                ):
                     invented.add((m.shape, m.colour))
         absent = {(f.referent.shape, f.referent.colour) for f in facts if f.kind == "absent"}
         assert absent == invented or len(items) == toyroles.MAX_RUBRIC_ITEMS
@@ -208,10 +232,12 @@ def test_role_records_look_like_rl():
 
 
 def test_judge_confusion_and_balanced_accuracy_by_hand():
-    rubric = [toyroles.item_of(toyroles.Fact("present", Mention("circle", "red"))),
-              toyroles.item_of(toyroles.Fact("absent", Mention("star", "green"))),
-              toyroles.item_of(toyroles.Fact("background", value="white")),
-              roles.RubricItem("the caption is vivid", "", 1.0)]
+    rubric = [
+        toyroles.item_of(toyroles.Fact("present", Mention("circle", "red"))),
+        toyroles.item_of(toyroles.Fact("absent", Mention("star", "green"))),
+        toyroles.item_of(toyroles.Fact("background", value="white")),
+        roles.RubricItem("the caption is vivid", "", 1.0),
+    ]
     caption = "A red circle and a green star on a black background."  # truth: 1, 0, 0, unreadable
     always_1 = toyroles.judge_confusion(rubric, caption, [1, 1, 1, 1])
     assert always_1 == dict(tp=1, fn=0, tn=0, fp=2, unreadable=1)
@@ -221,8 +247,11 @@ def test_judge_confusion_and_balanced_accuracy_by_hand():
     assert toyroles.balanced_accuracy(mixed) == 0.25
     zero = dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
     assert toyroles.judge_confusion(rubric, caption, [0, 0, 1, 0], by_kind=True) == {
-        "present": dict(zero, fn=1), "absent": dict(zero, tn=1), "background": dict(zero, fp=1),
-        "unreadable": dict(zero, unreadable=1)}
+        "present": dict(zero, fn=1),
+        "absent": dict(zero, tn=1),
+        "background": dict(zero, fp=1),
+        "unreadable": dict(zero, unreadable=1),
+    }
 
 
 def test_within_group_corr_by_hand():
@@ -238,8 +267,21 @@ def test_short_base_build_is_deterministic(tmp_path):
     exported = []
     for name in ("a", "b"):
         workdir = tmp_path / name
-        subprocess.run([sys.executable, "-m", "mocojax.main", "--config", "configs/toybase.py:tiny",
-                        "--workdir", str(workdir)], cwd=ROOT, check=True, capture_output=True, timeout=600)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mocojax.main",
+                "--config",
+                "configs/toybase.py:tiny",
+                "--workdir",
+                str(workdir),
+            ],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
         with open(workdir / "hf" / "model.safetensors", "rb") as f:
             exported.append(f.read())
         assert (workdir / "hf" / "tokenizer.json").is_file()
@@ -247,16 +289,28 @@ def test_short_base_build_is_deterministic(tmp_path):
         with open(result_file) as f:
             result = json.load(f)
         # Every item is right under all-"yes" or all-"no", so the better of the two is >= 0.5.
-        assert 0.0 <= result["base/check"] <= 1.0 and 0.5 <= result["base/check_fixed_answer"] <= 1.0
+        assert (
+            0.0 <= result["base/check"] <= 1.0 and 0.5 <= result["base/check_fixed_answer"] <= 1.0
+        )
     assert exported[0] == exported[1]
 
 
 def test_cell_labels_follow_the_merged_token_order():
     from mocojax.train import toyvision
+
     labels = toyvision.cell_labels(SCENE)
     heads = toyvision.HEADS
     assert [heads["colour"][i] for i in labels["colour"]] == [
-        "red", "empty", "empty", "empty", "blue", "empty", "empty", "empty", "green"]
+        "red",
+        "empty",
+        "empty",
+        "empty",
+        "blue",
+        "empty",
+        "empty",
+        "empty",
+        "green",
+    ]
     assert [heads["shape"][i] for i in labels["shape"]][::4] == ["circle", "star", "circle"]
     assert [heads["size"][i] for i in labels["size"]][::4] == ["large", "small", "small"]
     assert set(labels["background"].tolist()) == {heads["background"].index("gray")}
@@ -269,7 +323,9 @@ def test_vision_stage_learns_to_label_cells(tmp_path):
     import importlib.util
     import json
 
-    spec = importlib.util.spec_from_file_location("toybase_config", os.path.join(ROOT, "configs", "toybase.py"))
+    spec = importlib.util.spec_from_file_location(
+        "toybase_config", os.path.join(ROOT, "configs", "toybase.py")
+    )
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, ROOT)
     try:
@@ -280,6 +336,7 @@ def test_vision_stage_learns_to_label_cells(tmp_path):
     config.model.tiny = dict(module.toyworld.BASE_MODEL)
     config.vision.num_steps, config.vision.batch_size = 80, 16
     from mocojax.train import toyvision
+
     toyvision.run_vision(config, str(tmp_path))
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     first, last = rows[0], rows[-1]
@@ -297,18 +354,30 @@ def test_validation_refuses_eval_scenes_the_base_trained_on(tmp_path):
 
     from mocojax import config_utils, main
 
-    spec = importlib.util.spec_from_file_location("toyworld_config", os.path.join(ROOT, "configs", "toyworld.py"))
+    spec = importlib.util.spec_from_file_location(
+        "toyworld_config", os.path.join(ROOT, "configs", "toyworld.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     base = tmp_path / "base"
     base.mkdir()
     (base / "config.json").write_text("{}")
-    (base / config_utils.BASE_MANIFEST).write_text(json.dumps(
-        {"scenes_seen": [{"seed": 0, "start": 0, "count": 20064}, {"seed": 7, "start": 0, "count": 38400}]}))
+    (base / config_utils.BASE_MANIFEST).write_text(
+        json.dumps(
+            {
+                "scenes_seen": [
+                    {"seed": 0, "start": 0, "count": 20064},
+                    {"seed": 7, "start": 0, "count": 38400},
+                ]
+            }
+        )
+    )
     config = module.get_config("tiny")
     config.model.init_from = str(base)
     config.data.seed = 0
-    with pytest.raises(ValueError, match=r"config.data.seed=0: the base model .* trained on scenes 0..20063"):
+    with pytest.raises(
+        ValueError, match=r"config.data.seed=0: the base model .* trained on scenes 0..20063"
+    ):
         config_utils.validate(config, main.STAGES)
     config.data.seed = 1
     config_utils.validate(config, main.STAGES)
@@ -317,11 +386,14 @@ def test_validation_refuses_eval_scenes_the_base_trained_on(tmp_path):
 def test_shipped_base_is_what_the_default_config_loads():
     """mocojax/assets/toybase is a loadable HF directory of the default config's architecture,
     whose tokenizer writes every role record and base task without <unk>."""
-    from mocojax import model, processing
-    from mocojax.data import records
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("toyworld_config", os.path.join(ROOT, "configs", "toyworld.py"))
+    from mocojax import model, processing
+    from mocojax.data import records
+
+    spec = importlib.util.spec_from_file_location(
+        "toyworld_config", os.path.join(ROOT, "configs", "toyworld.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config()
@@ -330,25 +402,36 @@ def test_shipped_base_is_what_the_default_config_loads():
     assert os.path.isfile(os.path.join(base, "toybase.json"))
     cfg = model.ModelConfig.from_pretrained(base)
     dims = module.BASE_MODEL
-    assert (cfg.text.hidden_size, cfg.text.num_hidden_layers, cfg.vision.depth, cfg.vision.hidden_size) == (
-        dims["hidden_size"], dims["num_layers"], dims["vision_depth"], dims["vision_hidden"])
+    assert (
+        cfg.text.hidden_size,
+        cfg.text.num_hidden_layers,
+        cfg.vision.depth,
+        cfg.vision.hidden_size,
+    ) == (dims["hidden_size"], dims["num_layers"], dims["vision_depth"], dims["vision_hidden"])
     tokenizer = processing.load_tokenizer(base)
-    texts = [m["content"] if isinstance(m["content"], str) else part["text"]
-             for r in toyroles.sft_records(3, 30) + toybase.base_records(3, 30)
-             for m in records.conversation(r, None) for part in (m["content"] if isinstance(m["content"], list) else [m])
-             if isinstance(m["content"], str) or part.get("type") == "text"]
+    texts = [
+        m["content"] if isinstance(m["content"], str) else part["text"]
+        for r in toyroles.sft_records(3, 30) + toybase.base_records(3, 30)
+        for m in records.conversation(r, None)
+        for part in (m["content"] if isinstance(m["content"], list) else [m])
+        if isinstance(m["content"], str) or part.get("type") == "text"
+    ]
     for text in texts:
-        assert tokenizer.unk_token_id not in tokenizer(text, add_special_tokens=False)["input_ids"], text
+        assert (
+            tokenizer.unk_token_id not in tokenizer(text, add_special_tokens=False)["input_ids"]
+        ), text
 
 
 def test_within_kind_balanced_accuracy_by_hand():
     from mocojax.eval import toyworld_eval
 
     zero = dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
-    by_kind = {"present": dict(zero, tp=3, fn=1, tn=2, fp=2),  # (0.75 + 0.5) / 2 = 0.625
-               "absent": dict(zero, tp=4),  # all met: no rate to balance, left out
-               "attribute": dict(zero, fn=2, tn=4),  # (0 + 1) / 2 = 0.5
-               "unreadable": dict(zero, unreadable=3)}
+    by_kind = {
+        "present": dict(zero, tp=3, fn=1, tn=2, fp=2),  # (0.75 + 0.5) / 2 = 0.625
+        "absent": dict(zero, tp=4),  # all met: no rate to balance, left out
+        "attribute": dict(zero, fn=2, tn=4),  # (0 + 1) / 2 = 0.5
+        "unreadable": dict(zero, unreadable=3),
+    }
     assert toyworld_eval.within_kind_balanced_accuracy(by_kind) == pytest.approx(0.5625)
     # A Judge that says "1" to absent items and "0" to attribute items: pooled it looks good,
     # within each kind it is chance.
@@ -356,4 +439,6 @@ def test_within_kind_balanced_accuracy_by_hand():
     pooled = {k: prior["absent"][k] + prior["attribute"][k] for k in zero}
     assert toyroles.balanced_accuracy(pooled) == pytest.approx(0.8)
     assert toyworld_eval.within_kind_balanced_accuracy(prior) == 0.5
-    assert toyworld_eval.within_kind_balanced_accuracy({"unreadable": dict(zero, unreadable=1)}) == 0.5
+    assert (
+        toyworld_eval.within_kind_balanced_accuracy({"unreadable": dict(zero, unreadable=1)}) == 0.5
+    )

@@ -7,22 +7,28 @@ from mocojax import processing, roles
 from mocojax.data import records, toyroles, toyworld as tw
 from mocojax.data.toyworld import Mention, Obj, Scene
 
-SCENE = Scene("hand", "white", (Obj("circle", "red", "large", "top left"),
-                                Obj("square", "blue", "small", "center")))
+SCENE = Scene(
+    "hand",
+    "white",
+    (Obj("circle", "red", "large", "top left"), Obj("square", "blue", "small", "center")),
+)
 
 
 def _f1(p, r):
     return 2 * p * r / (p + r)
 
 
-@pytest.mark.parametrize("caption", [
-    "A big red circle in the upper left corner and a little blue square in the middle, "
-    "on a white background.",
-    "The background is white. A small blue square sits at the centre. "
-    "A large red circle is at the top left.",
-    "On a white background there is a small blue square in the center and a large red "
-    "circle at the top left.",
-])
+@pytest.mark.parametrize(
+    "caption",
+    [
+        "A big red circle in the upper left corner and a little blue square in the middle, "
+        "on a white background.",
+        "The background is white. A small blue square sits at the centre. "
+        "A large red circle is at the top left.",
+        "On a white background there is a small blue square in the center and a large red "
+        "circle at the top left.",
+    ],
+)
 def test_complete_paraphrases_score_one(caption):
     metrics = tw.caption_metrics(SCENE, caption)
     assert (metrics["precision"], metrics["recall"], metrics["f1"]) == (1.0, 1.0, 1.0)
@@ -39,8 +45,10 @@ def test_partial_caption():
 
 
 def test_wrong_attributes_and_hallucination():
-    caption = ("A large green circle in the top left, a small blue square in the center and "
-               "a yellow star at the bottom, on a gray background.")
+    caption = (
+        "A large green circle in the top left, a small blue square in the center and "
+        "a yellow star at the bottom, on a gray background."
+    )
     metrics = tw.caption_metrics(SCENE, caption)
     # stated: circle 4 (3 right), square 4 (4 right), star 3 (0 right), background 1 (wrong).
     assert metrics["precision"] == pytest.approx(7 / 12)
@@ -50,15 +58,22 @@ def test_wrong_attributes_and_hallucination():
 
 
 def test_same_shape_objects_are_matched_one_to_one():
-    scene = Scene("two", "black", (Obj("circle", "red", "small", "top left"),
-                                   Obj("circle", "blue", "large", "bottom right")))
-    metrics = tw.caption_metrics(scene, "A small blue circle at the top left and a big red "
-                                        "circle in the lower right. The background is black.")
+    scene = Scene(
+        "two",
+        "black",
+        (Obj("circle", "red", "small", "top left"), Obj("circle", "blue", "large", "bottom right")),
+    )
+    metrics = tw.caption_metrics(
+        scene,
+        "A small blue circle at the top left and a big red "
+        "circle in the lower right. The background is black.",
+    )
     # Each mention has its colour swapped: 3 of 4 facts right per mention.
     assert metrics["precision"] == pytest.approx(7 / 9)
     assert metrics["recall"] == pytest.approx(7 / 9)
     assert tw.caption_metrics(scene, "A red circle, a red circle and a red circle.")[
-        "hallucinated"] == [Mention("circle", "red")]
+        "hallucinated"
+    ] == [Mention("circle", "red")]
 
 
 def test_references_parse_back_to_the_scene():
@@ -82,15 +97,23 @@ def test_candidate_errors_show_in_metrics():
 
 
 def test_criteria_round_trip():
-    for fact in [toyroles.Fact("present", Mention("circle", "red")),
-                 toyroles.Fact("absent", Mention("star", "green")),
-                 toyroles.Fact("attribute", Mention("circle", position="top left"), "colour", "red"),
-                 toyroles.Fact("attribute", Mention("square", "blue"), "position", "bottom"),
-                 toyroles.Fact("attribute", Mention("square"), "size", "small"),
-                 toyroles.Fact("background", value="gray")]:
+    for fact in [
+        toyroles.Fact("present", Mention("circle", "red")),
+        toyroles.Fact("absent", Mention("star", "green")),
+        toyroles.Fact("attribute", Mention("circle", position="top left"), "colour", "red"),
+        toyroles.Fact("attribute", Mention("square", "blue"), "position", "bottom"),
+        toyroles.Fact("attribute", Mention("square"), "size", "small"),
+        toyroles.Fact("background", value="gray"),
+    ]:
         assert toyroles.parse_criterion(toyroles.item_of(fact).criterion) == fact
-    for criterion in ["the caption is detailed", "mentions a circle", "the circle is red and blue",
-                      "the red circle is red", "", "is"]:
+    for criterion in [
+        "the caption is detailed",
+        "mentions a circle",
+        "the circle is red and blue",
+        "the red circle is red",
+        "",
+        "is",
+    ]:
         assert toyroles.parse_criterion(criterion) is None
 
 
@@ -173,8 +196,11 @@ def test_tokenizer_covers_every_record(tmp_path):
     for example in toyroles.sft_records(77, 150, mix=(3, 1, 3)):
         for message in records.conversation(example, None):
             content = message["content"]
-            texts += [content] if isinstance(content, str) else [
-                part["text"] for part in content if part["type"] == "text"]
+            texts += (
+                [content]
+                if isinstance(content, str)
+                else [part["text"] for part in content if part["type"] == "text"]
+            )
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         assert unk not in ids, text
@@ -197,20 +223,27 @@ def test_terse_captions_skip_objects_but_state_only_true_facts():
     assert tw.terse_caption(scenes[5], 3, 1, 0.5) == tw.terse_caption(scenes[5], 3, 1, 0.5)
     terse = toyroles.sft_records(3, 20, (2, 1, 1), policy_drop=0.5)
     full = toyroles.sft_records(3, 20, (2, 1, 1))
-    assert [r["target"] for r in terse if r["role"] != "policy"] == [r["target"] for r in full if r["role"] != "policy"]
-    assert [r["target"] for r in terse if r["role"] == "policy"] != [r["target"] for r in full if r["role"] == "policy"]
-    assert toyroles.sft_records(3, 5, (2, 1, 1), policy_drop=0.0) == toyroles.sft_records(3, 5, (2, 1, 1))
+    assert [r["target"] for r in terse if r["role"] != "policy"] == [
+        r["target"] for r in full if r["role"] != "policy"
+    ]
+    assert [r["target"] for r in terse if r["role"] == "policy"] != [
+        r["target"] for r in full if r["role"] == "policy"
+    ]
+    assert toyroles.sft_records(3, 5, (2, 1, 1), policy_drop=0.0) == toyroles.sft_records(
+        3, 5, (2, 1, 1)
+    )
 
 
 def test_policy_drop_validated():
     import importlib.util
+    import os
 
     from mocojax import config_utils, main
 
-    import os
-
-    spec = importlib.util.spec_from_file_location("toyworld_config", os.path.join(
-        os.path.dirname(__file__), os.pardir, "configs", "toyworld.py"))
+    spec = importlib.util.spec_from_file_location(
+        "toyworld_config",
+        os.path.join(os.path.dirname(__file__), os.pardir, "configs", "toyworld.py"),
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config("tiny")

@@ -51,28 +51,45 @@ from PIL import Image
 from tqdm import tqdm
 
 from mocojax import endpoint, processing, roles
-from mocojax.data import records as records_lib
-from mocojax.data import sources
+from mocojax.data import records as records_lib, sources
 
 RUBRIC_MODES = ("generator", "committee")
 # Statuses the endpoint answers for a request that is itself unusable: not retried, not fatal.
 REQUEST_ERRORS = (400, 413, 422)
 # Options that change what is written: a resumed run must use the same ones.
-_RECORD_OPTIONS = ("num_policy", "keep_references", "num_candidates", "num_judged", "max_asks", "policy_max_tokens",
-                   "candidate_max_tokens", "rubric_max_tokens", "judge_max_tokens", "temperature",
-                   "sample_temperature", "student_temperature", "keep_truncated", "rubric_mode", "committee_size",
-                   "max_rubric_items", "seed", "image_max_pixels")
+_RECORD_OPTIONS = (
+    "num_policy",
+    "keep_references",
+    "num_candidates",
+    "num_judged",
+    "max_asks",
+    "policy_max_tokens",
+    "candidate_max_tokens",
+    "rubric_max_tokens",
+    "judge_max_tokens",
+    "temperature",
+    "sample_temperature",
+    "student_temperature",
+    "keep_truncated",
+    "rubric_mode",
+    "committee_size",
+    "max_rubric_items",
+    "seed",
+    "image_max_pixels",
+)
 
 CONSENSUS_INSTRUCTION = (
     "Here are {k} captions of this image by different describers. List the facts about the image "
     "(objects, attributes, positions, text, context) that at least {need} of them state and that the "
-    "image confirms. One fact per line: id | number of captions that state it | fact | caption numbers.")
+    "image confirms. One fact per line: id | number of captions that state it | fact | caption numbers."
+)
 COMMITTEE_INSTRUCTION = (
     "Write a rubric to grade captions of this image. The consensus facts are the truth. Diagnose what "
     "the candidate captions missed or got wrong against them, one binary, easy-to-check item per "
     "deficiency. One item per line: id | weight | criterion | check. Weights: 3 critical (main subject "
     "wrong or missing, a major invented element), 2 important (a secondary object missing, a wrong "
-    "attribute), 1 minor (vague wording, a missing detail).")
+    "attribute), 1 minor (vague wording, a missing detail)."
+)
 
 
 class DistillError(RuntimeError):
@@ -93,7 +110,9 @@ class Options:
     rubric_max_tokens: int = 1024
     judge_max_tokens: int = 1024
     temperature: float = 0.0  # a teacher's first ask
-    sample_temperature: float = 0.7  # re-asks, extra Policy captions, committee captions from one teacher
+    sample_temperature: float = (
+        0.7  # re-asks, extra Policy captions, committee captions from one teacher
+    )
     student_temperature: float = 1.0
     keep_truncated: bool = False  # keep captions cut at max_tokens
     rubric_mode: str = "generator"
@@ -107,8 +126,18 @@ class Options:
 
     def check(self):
         """Raises ValueError naming the first bad option."""
-        positive = ("num_candidates", "max_asks", "policy_max_tokens", "candidate_max_tokens", "rubric_max_tokens",
-                    "judge_max_tokens", "committee_size", "max_rubric_items", "chunk_size", "image_max_pixels")
+        positive = (
+            "num_candidates",
+            "max_asks",
+            "policy_max_tokens",
+            "candidate_max_tokens",
+            "rubric_max_tokens",
+            "judge_max_tokens",
+            "committee_size",
+            "max_rubric_items",
+            "chunk_size",
+            "image_max_pixels",
+        )
         for key in positive:
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)!r}: must be an int >= 1")
@@ -117,7 +146,9 @@ class Options:
         if self.rubric_mode not in RUBRIC_MODES:
             raise ValueError(f"rubric_mode={self.rubric_mode!r}: must be one of {RUBRIC_MODES}")
         if self.rubric_mode == "committee" and self.committee_size < 2:
-            raise ValueError(f"committee_size={self.committee_size}: a committee needs >= 2 captions")
+            raise ValueError(
+                f"committee_size={self.committee_size}: a committee needs >= 2 captions"
+            )
         for key in ("temperature", "sample_temperature", "student_temperature"):
             if not 0 <= getattr(self, key) <= 2:
                 raise ValueError(f"{key}={getattr(self, key)!r}: must be in [0, 2]")
@@ -148,13 +179,27 @@ class LocalClient:
     """A mocojax checkpoint (HF directory or workdir[@stage]) answering chat bodies in-process through
     mocojax.serve's request parser and batcher: the same replies the served checkpoint would give."""
 
-    def __init__(self, spec, *, min_pixels=None, max_pixels=None, dtype="float32", max_batch=16,
-                 max_tokens_limit=4096, max_n=64, progress=True):
+    def __init__(
+        self,
+        spec,
+        *,
+        min_pixels=None,
+        max_pixels=None,
+        dtype="float32",
+        max_batch=16,
+        max_tokens_limit=4096,
+        max_n=64,
+        progress=True,
+    ):
         from mocojax import serve
 
         self._serve = serve
-        self.model = serve.load_model(spec, min_pixels=min_pixels, max_pixels=max_pixels, dtype=dtype)
-        self.batcher = serve.Batcher(self.model, max_batch=max_batch, max_tokens_limit=max_tokens_limit)
+        self.model = serve.load_model(
+            spec, min_pixels=min_pixels, max_pixels=max_pixels, dtype=dtype
+        )
+        self.batcher = serve.Batcher(
+            self.model, max_batch=max_batch, max_tokens_limit=max_tokens_limit
+        )
         self.limits = dict(max_tokens_limit=max_tokens_limit, max_n=max_n)
         self.progress, self.stats = progress, {"sent": 0, "retries": 0, "cached": 0}
 
@@ -178,24 +223,43 @@ class LocalClient:
             try:
                 results.append(self._serve.completion_body(self.model, request, future.result()))
             except Exception as e:  # noqa: BLE001 - a bad prompt (too long) is that request's error
-                results.append(endpoint.EndpointError(f"{self.model.name}: {type(e).__name__}: {e}", 400))
+                results.append(
+                    endpoint.EndpointError(f"{self.model.name}: {type(e).__name__}: {e}", 400)
+                )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors and not return_exceptions:
             raise errors[0]
         return results
 
 
-def make_client(spec, *, cache_dir=None, concurrency=8, timeout=120.0, max_retries=5, api_key_env="OPENAI_API_KEY",
-                min_pixels=None, max_pixels=None, progress=True):
+def make_client(
+    spec,
+    *,
+    cache_dir=None,
+    concurrency=8,
+    timeout=120.0,
+    max_retries=5,
+    api_key_env="OPENAI_API_KEY",
+    min_pixels=None,
+    max_pixels=None,
+    progress=True,
+):
     """Returns the client of a spec: "openai:URL#MODEL" (an EndpointClient caching under cache_dir)
     or a local checkpoint (LocalClient)."""
     if spec.startswith("openai:"):
-        url, _, model = spec[len("openai:"):].partition("#")
+        url, _, model = spec[len("openai:") :].partition("#")
         if not model:
             raise ValueError(f"{spec!r}: want openai:http(s)://host:port/v1#MODEL")
-        return endpoint.EndpointClient(url, model, api_key=os.environ.get(api_key_env) if api_key_env else None,
-                                       cache_dir=cache_dir, concurrency=concurrency, timeout=timeout,
-                                       max_retries=max_retries, progress=progress)
+        return endpoint.EndpointClient(
+            url,
+            model,
+            api_key=os.environ.get(api_key_env) if api_key_env else None,
+            cache_dir=cache_dir,
+            concurrency=concurrency,
+            timeout=timeout,
+            max_retries=max_retries,
+            progress=progress,
+        )
     return LocalClient(spec, min_pixels=min_pixels, max_pixels=max_pixels, progress=progress)
 
 
@@ -210,8 +274,12 @@ def openai_messages(messages, image_url):
     for message in messages:
         content = message["content"]
         if isinstance(content, list):
-            content = [{"type": "image_url", "image_url": {"url": image_url}} if part["type"] == "image"
-                       else {"type": "text", "text": part["text"]} for part in content]
+            content = [
+                {"type": "image_url", "image_url": {"url": image_url}}
+                if part["type"] == "image"
+                else {"type": "text", "text": part["text"]}
+                for part in content
+            ]
         out.append({"role": message["role"], "content": content})
     return out
 
@@ -227,7 +295,9 @@ class _Image:
     dropped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     errors: list = dataclasses.field(default_factory=list)
     rejects: list = dataclasses.field(default_factory=list)
-    committee: list = None  # committee mode: the usable committee captions, then the consensus facts
+    committee: list = (
+        None  # committee mode: the usable committee captions, then the consensus facts
+    )
     consensus: list = None
 
 
@@ -247,8 +317,14 @@ class _Job:
     result: object = None
 
     def body(self, attempt, options):
-        temperature = self.temperature if attempt == 0 else max(self.temperature, options.sample_temperature)
-        body = {"messages": self.messages, "max_tokens": self.max_tokens, "temperature": temperature}
+        temperature = (
+            self.temperature if attempt == 0 else max(self.temperature, options.sample_temperature)
+        )
+        body = {
+            "messages": self.messages,
+            "max_tokens": self.max_tokens,
+            "temperature": temperature,
+        }
         if self.n > 1:
             body["n"] = self.n
         if temperature > 0:
@@ -277,7 +353,11 @@ def check_candidates(reply, n):
 
 
 def _truncated(reply):
-    return ["reply cut at max_tokens (finish_reason length)"] if _reply_texts(reply)[0][1] == "length" else []
+    return (
+        ["reply cut at max_tokens (finish_reason length)"]
+        if _reply_texts(reply)[0][1] == "length"
+        else []
+    )
 
 
 def check_rubric(reply, max_items):
@@ -298,7 +378,9 @@ def check_consensus(reply, k, max_items):
     need = math.ceil(k / 2)
     items, problems = roles.parse_rubric(_reply_texts(reply)[0][0], max_items=max_items)
     problems = _truncated(reply) + problems
-    problems += [f"fact {f.criterion!r}: {f.weight:g} captions of {k}" for f in items if f.weight > k]
+    problems += [
+        f"fact {f.criterion!r}: {f.weight:g} captions of {k}" for f in items if f.weight > k
+    ]
     facts = [f.criterion for f in items if f.weight >= need]
     if items and not facts:
         problems.append(f"no fact stated by {need} or more captions")
@@ -322,20 +404,31 @@ def ask(jobs, options, desc):
         for job in pending:
             by_client[id(job.client)].append(job)
         for group in by_client.values():
-            replies = group[0].client.chat_many([job.body(attempt, options) for job in group], return_exceptions=True,
-                                                desc=f"{desc} ask {attempt + 1}")
+            replies = group[0].client.chat_many(
+                [job.body(attempt, options) for job in group],
+                return_exceptions=True,
+                desc=f"{desc} ask {attempt + 1}",
+            )
             for job, reply in zip(group, replies):
                 job.image.asked[job.part] += 1
                 if isinstance(reply, BaseException):
                     if _fatal(reply):
-                        raise DistillError(f"{job.part} request for image {job.image.record['id']}: {reply}")
+                        raise DistillError(
+                            f"{job.part} request for image {job.image.record['id']}: {reply}"
+                        )
                     job.image.errors.append(f"{job.part}: {reply}")
                     continue
                 value, problems = job.check(reply)
                 if problems:
                     job.image.bad[job.part] += 1
-                    job.image.rejects.append({"part": job.part, "ask": attempt + 1, "problems": problems[:10],
-                                              "text": _reply_texts(reply)[0][0][:2000]})
+                    job.image.rejects.append(
+                        {
+                            "part": job.part,
+                            "ask": attempt + 1,
+                            "problems": problems[:10],
+                            "text": _reply_texts(reply)[0][0][:2000],
+                        }
+                    )
                     retry.append(job)
                 else:
                     job.result = value
@@ -350,19 +443,40 @@ def ask(jobs, options, desc):
 
 
 def _job(image, part, client, messages, max_tokens, check, temperature, **kw):
-    return _Job(image, part, client, openai_messages(messages, image.image_url), max_tokens, check, temperature, **kw)
+    return _Job(
+        image,
+        part,
+        client,
+        openai_messages(messages, image.image_url),
+        max_tokens,
+        check,
+        temperature,
+        **kw,
+    )
 
 
 def _committee_jobs(images, teachers, options):
     clients = teachers.committee or [teachers.policy]
-    draws = [(c, 0) for c in clients] if len(clients) > 1 else [(clients[0], d) for d in range(options.committee_size)]
+    draws = (
+        [(c, 0) for c in clients]
+        if len(clients) > 1
+        else [(clients[0], d) for d in range(options.committee_size)]
+    )
     jobs = {}
     for image in images:
         jobs[image.record["id"]] = [
-            _job(image, "committee", client, roles.policy_messages(None), options.policy_max_tokens,
-                 lambda r: check_caption(r, options.keep_truncated),
-                 options.temperature if draw == 0 else options.sample_temperature, draw=draw)
-            for client, draw in draws]
+            _job(
+                image,
+                "committee",
+                client,
+                roles.policy_messages(None),
+                options.policy_max_tokens,
+                lambda r: check_caption(r, options.keep_truncated),
+                options.temperature if draw == 0 else options.sample_temperature,
+                draw=draw,
+            )
+            for client, draw in draws
+        ]
     return jobs
 
 
@@ -370,10 +484,18 @@ def _rubric_jobs(images, candidates, teachers, options):
     """Returns {id: generator job} for the images that have candidates (runs the committee first)."""
     ready = [i for i in images if candidates.get(i.record["id"])]
     if options.rubric_mode == "generator":
-        return {i.record["id"]: _job(i, "generator", teachers.generator,
-                                     roles.generator_messages(None, i.record["references"], candidates[i.record["id"]]),
-                                     options.rubric_max_tokens, lambda r: check_rubric(r, options.max_rubric_items),
-                                     options.temperature) for i in ready}
+        return {
+            i.record["id"]: _job(
+                i,
+                "generator",
+                teachers.generator,
+                roles.generator_messages(None, i.record["references"], candidates[i.record["id"]]),
+                options.rubric_max_tokens,
+                lambda r: check_rubric(r, options.max_rubric_items),
+                options.temperature,
+            )
+            for i in ready
+        }
     committee = _committee_jobs(ready, teachers, options)
     ask([j for js in committee.values() for j in js], options, "committee captions")
     consensus = {}
@@ -382,12 +504,20 @@ def _rubric_jobs(images, candidates, teachers, options):
         if len(captions) < 2:
             image.errors.append(f"committee: {len(captions)} usable captions, need 2")
             continue
-        text = (CONSENSUS_INSTRUCTION.format(k=len(captions), need=math.ceil(len(captions) / 2))
-                + "\n" + "\n".join(f"{k}. {c}" for k, c in enumerate(captions, 1)))
+        text = (
+            CONSENSUS_INSTRUCTION.format(k=len(captions), need=math.ceil(len(captions) / 2))
+            + "\n"
+            + "\n".join(f"{k}. {c}" for k, c in enumerate(captions, 1))
+        )
         consensus[image.record["id"]] = _job(
-            image, "consensus", teachers.generator, roles.prompt_messages(text, image.image_url),
+            image,
+            "consensus",
+            teachers.generator,
+            roles.prompt_messages(text, image.image_url),
             options.rubric_max_tokens,
-            lambda r, k=len(captions): check_consensus(r, k, options.max_rubric_items), options.temperature)
+            lambda r, k=len(captions): check_consensus(r, k, options.max_rubric_items),
+            options.temperature,
+        )
         image.committee = captions
     ask(list(consensus.values()), options, "consensus facts")
     jobs = {}
@@ -395,11 +525,21 @@ def _rubric_jobs(images, candidates, teachers, options):
         if job.result is None:
             continue
         job.image.consensus = job.result
-        text = (f"{COMMITTEE_INSTRUCTION}\nConsensus facts:\n" + "\n".join(f"{k}. {f}" for k, f in enumerate(job.result, 1))
-                + "\nCandidates:\n" + "\n".join(f"{k}. {c}" for k, c in enumerate(candidates[rid], 1)))
-        jobs[rid] = _job(job.image, "generator", teachers.generator, roles.prompt_messages(text, job.image.image_url),
-                         options.rubric_max_tokens, lambda r: check_rubric(r, options.max_rubric_items),
-                         options.temperature)
+        text = (
+            f"{COMMITTEE_INSTRUCTION}\nConsensus facts:\n"
+            + "\n".join(f"{k}. {f}" for k, f in enumerate(job.result, 1))
+            + "\nCandidates:\n"
+            + "\n".join(f"{k}. {c}" for k, c in enumerate(candidates[rid], 1))
+        )
+        jobs[rid] = _job(
+            job.image,
+            "generator",
+            teachers.generator,
+            roles.prompt_messages(text, job.image.image_url),
+            options.rubric_max_tokens,
+            lambda r: check_rubric(r, options.max_rubric_items),
+            options.temperature,
+        )
     return jobs
 
 
@@ -408,8 +548,10 @@ def fit_image(image, max_pixels):
     if image.width * image.height <= max_pixels:
         return image
     scale = math.sqrt(max_pixels / (image.width * image.height))
-    return image.resize((max(1, int(image.width * scale)), max(1, int(image.height * scale))),
-                        Image.Resampling.BICUBIC)
+    return image.resize(
+        (max(1, int(image.width * scale)), max(1, int(image.height * scale))),
+        Image.Resampling.BICUBIC,
+    )
 
 
 def distill_chunk(records, teachers, options, image_root):
@@ -417,44 +559,84 @@ def distill_chunk(records, teachers, options, image_root):
     images = []
     for record in records:
         image = _Image(record)
-        image.image_url = endpoint.image_data_url(fit_image(processing.load_image(record["image"]),
-                                                            options.image_max_pixels))
+        image.image_url = endpoint.image_data_url(
+            fit_image(processing.load_image(record["image"]), options.image_max_pixels)
+        )
         images.append(image)
     # Policy captions and student candidates do not depend on each other: one round of asks.
-    policy = {i.record["id"]: [
-        _job(i, "policy", teachers.policy, roles.policy_messages(None), options.policy_max_tokens,
-             lambda r: check_caption(r, options.keep_truncated),
-             options.temperature if d == 0 else options.sample_temperature, draw=d)
-        for d in range(options.num_policy)] for i in images}
+    policy = {
+        i.record["id"]: [
+            _job(
+                i,
+                "policy",
+                teachers.policy,
+                roles.policy_messages(None),
+                options.policy_max_tokens,
+                lambda r: check_caption(r, options.keep_truncated),
+                options.temperature if d == 0 else options.sample_temperature,
+                draw=d,
+            )
+            for d in range(options.num_policy)
+        ]
+        for i in images
+    }
     need = [i for i in images if not i.record.get("candidates")]
-    student = {i.record["id"]: _job(i, "candidates", teachers.student, roles.policy_messages(None),
-                                    options.candidate_max_tokens,
-                                    lambda r: check_candidates(r, options.num_candidates),
-                                    options.student_temperature, n=options.num_candidates) for i in need}
+    student = {
+        i.record["id"]: _job(
+            i,
+            "candidates",
+            teachers.student,
+            roles.policy_messages(None),
+            options.candidate_max_tokens,
+            lambda r: check_candidates(r, options.num_candidates),
+            options.student_temperature,
+            n=options.num_candidates,
+        )
+        for i in need
+    }
     ask([j for js in policy.values() for j in js] + list(student.values()), options, "captions")
     candidates = {}
     for image in images:
         rid = image.record["id"]
         given = [c["caption"] for c in image.record.get("candidates") or []]
-        candidates[rid] = given or (student[rid].result or [])[:options.num_candidates]
+        candidates[rid] = given or (student[rid].result or [])[: options.num_candidates]
     rubric_jobs = _rubric_jobs(images, candidates, teachers, options)
     ask(list(rubric_jobs.values()), options, "rubrics")
     judge_jobs = []
     for rid, job in rubric_jobs.items():
         if job.result is None:
             continue
-        judged = candidates[rid][:options.num_judged or None]
-        judge_jobs += [_job(job.image, "judge", teachers.judge, roles.judge_messages(job.result, caption),
-                            options.judge_max_tokens, lambda r, n=len(job.result): check_decisions(r, n),
-                            options.temperature, draw=k) for k, caption in enumerate(judged)]
+        judged = candidates[rid][: options.num_judged or None]
+        judge_jobs += [
+            _job(
+                job.image,
+                "judge",
+                teachers.judge,
+                roles.judge_messages(job.result, caption),
+                options.judge_max_tokens,
+                lambda r, n=len(job.result): check_decisions(r, n),
+                options.temperature,
+                draw=k,
+            )
+            for k, caption in enumerate(judged)
+        ]
     ask(judge_jobs, options, "decisions")
     judged = collections.defaultdict(dict)
     for job in judge_jobs:
         if job.result is not None:
             judged[job.image.record["id"]][f"c{job.draw}"] = job.result
-    return [_entry(image, policy[image.record["id"]], candidates[image.record["id"]],
-                   rubric_jobs.get(image.record["id"]), judged[image.record["id"]], options, image_root)
-            for image in images]
+    return [
+        _entry(
+            image,
+            policy[image.record["id"]],
+            candidates[image.record["id"]],
+            rubric_jobs.get(image.record["id"]),
+            judged[image.record["id"]],
+            options,
+            image_root,
+        )
+        for image in images
+    ]
 
 
 def _entry(image, policy_jobs, candidates, rubric_job, judged, options, image_root):
@@ -467,24 +649,41 @@ def _entry(image, policy_jobs, candidates, rubric_job, judged, options, image_ro
         if job.result in targets:  # the teacher said the same twice: not a second target
             image.bad["policy"] += 1
             image.dropped["policy"] += 1
-            image.rejects.append({"part": "policy", "ask": 0, "problems": ["duplicate caption"], "text": job.result})
+            image.rejects.append(
+                {"part": "policy", "ask": 0, "problems": ["duplicate caption"], "text": job.result}
+            )
             continue
         targets.append(job.result)
     if options.keep_references:
         targets += [r for r in record["references"] if r not in targets]
-    out = {"id": record["id"], "image": os.path.relpath(record["image"], image_root),
-           "references": record["references"], "policy_targets": targets}
+    out = {
+        "id": record["id"],
+        "image": os.path.relpath(record["image"], image_root),
+        "references": record["references"],
+        "policy_targets": targets,
+    }
     rubric = rubric_job.result if rubric_job is not None else None
     if rubric:
         out["candidates"] = [{"id": f"c{k}", "caption": c} for k, c in enumerate(candidates)]
-        out["rubric"] = [{"criterion": i.criterion, "check": i.check, "weight": i.weight} for i in rubric]
+        out["rubric"] = [
+            {"criterion": i.criterion, "check": i.check, "weight": i.weight} for i in rubric
+        ]
         if judged:
-            out["decisions"] = {cid: [{"value": d.value, "rationale": d.rationale} for d in ds]
-                                for cid, ds in judged.items()}
+            out["decisions"] = {
+                cid: [{"value": d.value, "rationale": d.rationale} for d in ds]
+                for cid, ds in judged.items()
+            }
     written = bool(targets) or bool(rubric)
-    entry = {"id": record["id"], "status": "written" if written else "dropped", "record": out if written else None,
-             "asked": dict(image.asked), "bad": dict(image.bad), "dropped": dict(image.dropped),
-             "errors": image.errors, "rejects": image.rejects}
+    entry = {
+        "id": record["id"],
+        "status": "written" if written else "dropped",
+        "record": out if written else None,
+        "asked": dict(image.asked),
+        "bad": dict(image.bad),
+        "dropped": dict(image.dropped),
+        "errors": image.errors,
+        "rejects": image.rejects,
+    }
     if image.committee is not None:
         entry["committee"], entry["consensus"] = image.committee, image.consensus
     return entry
@@ -516,10 +715,14 @@ def _read_lines(path):
         except ValueError:
             if k == len(lines) - 1:
                 break
-            raise ValueError(f"{path}: line {k + 1} is not JSON; the file is damaged (move it away to start over)")
+            raise ValueError(
+                f"{path}: line {k + 1} is not JSON; the file is damaged (move it away to start over)"
+            )
         good += len(line)
     if good < len(data):
-        logging.warning("%s: cut a torn last line (%d bytes) left by an interrupted run", path, len(data) - good)
+        logging.warning(
+            "%s: cut a torn last line (%d bytes) left by an interrupted run", path, len(data) - good
+        )
         with open(path, "r+b") as f:
             f.truncate(good)
             os.fsync(f.fileno())
@@ -533,8 +736,11 @@ def _append(f, row):
 
 
 def _header(options, teachers, source):
-    return {"options": {k: getattr(options, k) for k in _RECORD_OPTIONS}, "teachers": teachers.names,
-            "source": source}
+    return {
+        "options": {k: getattr(options, k) for k in _RECORD_OPTIONS},
+        "teachers": teachers.names,
+        "source": source,
+    }
 
 
 def open_outputs(out, header):
@@ -545,23 +751,36 @@ def open_outputs(out, header):
     rows, _ = _read_lines(ledger_path(out))
     if rows:
         if rows[0].get("options") != header["options"]:
-            diff = sorted(k for k in set(header["options"]) | set(rows[0].get("options", {}))
-                          if rows[0].get("options", {}).get(k) != header["options"].get(k))
-            raise ValueError(f"{out}: was started with other settings ({', '.join(diff)}); "
-                             "rerun with the same flags, or give another --out")
+            diff = sorted(
+                k
+                for k in set(header["options"]) | set(rows[0].get("options", {}))
+                if rows[0].get("options", {}).get(k) != header["options"].get(k)
+            )
+            raise ValueError(
+                f"{out}: was started with other settings ({', '.join(diff)}); "
+                "rerun with the same flags, or give another --out"
+            )
         if rows[0].get("teachers") != header["teachers"]:  # a server restarted on another port, say
-            logging.warning("%s: resuming with other teachers %s (started with %s)", out, header["teachers"],
-                            rows[0].get("teachers"))
+            logging.warning(
+                "%s: resuming with other teachers %s (started with %s)",
+                out,
+                header["teachers"],
+                rows[0].get("teachers"),
+            )
         entries = rows[1:]
     else:
         if os.path.exists(out) and os.path.getsize(out):
-            raise ValueError(f"{out} exists but has no ledger {ledger_path(out)}; move it away or give another --out")
+            raise ValueError(
+                f"{out} exists but has no ledger {ledger_path(out)}; move it away or give another --out"
+            )
         entries = []
     written, _ = _read_lines(out)
     ledgered = {e["id"] for e in entries}
     extra = [r.get("id") for r in written if r.get("id") not in ledgered]
     if extra:
-        raise ValueError(f"{out} holds records the ledger does not list ({extra[:3]}); it was not written by this run")
+        raise ValueError(
+            f"{out} holds records the ledger does not list ({extra[:3]}); it was not written by this run"
+        )
     ledger = open(ledger_path(out), "a")
     if not rows:
         _append(ledger, header)
@@ -593,16 +812,24 @@ def summarize(entries, client_stats=None):
             roles_written["generator"] += int("rubric" in record)
             roles_written["judge"] += len(record.get("decisions", {}))
     status = collections.Counter(e["status"] for e in entries)
-    return {"images": {"written": status["written"], "dropped": status["dropped"]},
-            "sft_examples": dict(roles_written),
-            "parts": {p: {k: c[k] for k in ("asked", "bad", "dropped", "errors")} for p, c in sorted(parts.items())},
-            "top_problems": problems.most_common(10), "this_run": client_stats or {}}
+    return {
+        "images": {"written": status["written"], "dropped": status["dropped"]},
+        "sft_examples": dict(roles_written),
+        "parts": {
+            p: {k: c[k] for k in ("asked", "bad", "dropped", "errors")}
+            for p, c in sorted(parts.items())
+        },
+        "top_problems": problems.most_common(10),
+        "this_run": client_stats or {},
+    }
 
 
 def format_summary(summary):
-    lines = [f"images: {summary['images']['written']} written, {summary['images']['dropped']} dropped; "
-             f"SFT examples: {summary['sft_examples']}",
-             f"{'part':<12}{'asked':>8}{'bad':>8}{'dropped':>9}{'errors':>8}"]
+    lines = [
+        f"images: {summary['images']['written']} written, {summary['images']['dropped']} dropped; "
+        f"SFT examples: {summary['sft_examples']}",
+        f"{'part':<12}{'asked':>8}{'bad':>8}{'dropped':>9}{'errors':>8}",
+    ]
     for part, c in summary["parts"].items():
         lines.append(f"{part:<12}{c['asked']:>8}{c['bad']:>8}{c['dropped']:>9}{c['errors']:>8}")
     for problem, n in summary["top_problems"][:5]:
@@ -623,7 +850,9 @@ def load_images(source, path, image_dir=None, strict=False):
         return records_lib.load_jsonl(path, image_root=root, strict=strict)[0], root
     if not image_dir:
         raise ValueError(f"source {source!r} needs the image folder (--image_dir)")
-    loader = {"pixmo_cap": sources.load_pixmo_cap, "densefusion": sources.load_densefusion}.get(source)
+    loader = {"pixmo_cap": sources.load_pixmo_cap, "densefusion": sources.load_densefusion}.get(
+        source
+    )
     if loader is None:
         raise ValueError(f"source {source!r}: want jsonl, pixmo_cap or densefusion")
     return loader(path, image_dir, strict=strict)[0], image_dir
@@ -633,39 +862,59 @@ def run(records, teachers, options, out, image_root, *, source="", progress=True
     """Writes the role SFT set of `records` to `out` (resuming a killed run); returns the summary."""
     options.check()
     if options.rubric_mode == "committee" and len(teachers.committee) == 1:
-        raise ValueError("one committee teacher: give it as the policy teacher and set committee_size")
+        raise ValueError(
+            "one committee teacher: give it as the policy teacher and set committee_size"
+        )
     lacking = [r["id"] for r in records if not r.get("candidates")]
     if lacking and teachers.student is None:
-        raise ValueError(f"image {lacking[0]} (and {len(lacking) - 1} more) has no candidates: give a student")
+        raise ValueError(
+            f"image {lacking[0]} (and {len(lacking) - 1} more) has no candidates: give a student"
+        )
     header = _header(options, teachers, source)
     entries, ledger, out_file = open_outputs(out, header)
     try:
         done = {e["id"] for e in entries}
         todo = [r for r in records if r["id"] not in done]
         if done:
-            logging.warning("%s: resuming, %d of %d images done", out, len(records) - len(todo), len(records))
+            logging.warning(
+                "%s: resuming, %d of %d images done", out, len(records) - len(todo), len(records)
+            )
         bar = tqdm(total=len(todo), desc="distill", unit="image", disable=not progress)
         for start in range(0, len(todo), options.chunk_size):
-            for entry in distill_chunk(todo[start:start + options.chunk_size], teachers, options, image_root):
+            for entry in distill_chunk(
+                todo[start : start + options.chunk_size], teachers, options, image_root
+            ):
                 _append(ledger, entry)
                 if entry["status"] == "written":
                     _append(out_file, entry["record"])
                 entries.append(entry)
             bar.update(min(options.chunk_size, len(todo) - start))
             summary = summarize(entries)
-            bar.set_postfix(written=summary["images"]["written"], dropped=summary["images"]["dropped"],
-                            bad=sum(c["bad"] for c in summary["parts"].values()))
+            bar.set_postfix(
+                written=summary["images"]["written"],
+                dropped=summary["images"]["dropped"],
+                bad=sum(c["bad"] for c in summary["parts"].values()),
+            )
         bar.close()
     finally:
         ledger.close()
         out_file.close()
-    clients = {name: getattr(client, "stats", {}) for name, client in
-               (("policy", teachers.policy), ("generator", teachers.generator), ("judge", teachers.judge),
-                ("student", teachers.student)) if client is not None}
+    clients = {
+        name: getattr(client, "stats", {})
+        for name, client in (
+            ("policy", teachers.policy),
+            ("generator", teachers.generator),
+            ("judge", teachers.judge),
+            ("student", teachers.student),
+        )
+        if client is not None
+    }
     summary = summarize(entries, clients)
     if os.path.abspath(image_root) != os.path.dirname(os.path.abspath(out)):
-        summary["note"] = (f"image paths are relative to {os.path.abspath(image_root)}, not to the folder of "
-                           f"{out}: train with --config.data.image_root={os.path.abspath(image_root)}")
+        summary["note"] = (
+            f"image paths are relative to {os.path.abspath(image_root)}, not to the folder of "
+            f"{out}: train with --config.data.image_root={os.path.abspath(image_root)}"
+        )
     with open(out + ".summary.json", "w") as f:
         json.dump(summary, f, indent=1)
     return summary

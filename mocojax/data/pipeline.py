@@ -11,8 +11,8 @@ The iterator is grain's: `it.get_state()` is a small JSON-ready dict and
 run would have produced (save it with each checkpoint).
 """
 
-import numpy as np
 import grain
+import numpy as np
 
 from mocojax.data import records as records_lib
 
@@ -24,29 +24,36 @@ def bucket_length(length, buckets):
     for bucket in sorted(buckets):
         if bucket >= length:
             return bucket
-    raise ValueError(f"sequence of {length} tokens is longer than the largest length bucket "
-                     f"{max(buckets)}; add a bucket or set the Processor's max_length")
+    raise ValueError(
+        f"sequence of {length} tokens is longer than the largest length bucket "
+        f"{max(buckets)}; add a bucket or set the Processor's max_length"
+    )
 
 
 def pad_to(batch, length, pad_token_id):
     """Returns the batch with its [B, L] arrays right-padded to [B, length]."""
     padded = dict(batch)
     for key, value in batch.items():
-        if isinstance(value, np.ndarray) and value.ndim == 2 and key not in (
-                "pixel_values", "image_grid_thw"):
+        if (
+            isinstance(value, np.ndarray)
+            and value.ndim == 2
+            and key not in ("pixel_values", "image_grid_thw")
+        ):
             fill = pad_token_id if key == "input_ids" else 0
-            padded[key] = np.pad(value, ((0, 0), (0, length - value.shape[1])),
-                                 constant_values=fill)
+            padded[key] = np.pad(
+                value, ((0, 0), (0, length - value.shape[1])), constant_values=fill
+            )
     return padded
 
 
 def host_slice(global_batch, process_index, process_count):
     """Returns this host's contiguous share of a global batch (a list)."""
     if len(global_batch) % process_count:
-        raise ValueError(f"global batch of {len(global_batch)} does not split over "
-                         f"{process_count} hosts")
+        raise ValueError(
+            f"global batch of {len(global_batch)} does not split over {process_count} hosts"
+        )
     size = len(global_batch) // process_count
-    return global_batch[process_index * size:(process_index + 1) * size]
+    return global_batch[process_index * size : (process_index + 1) * size]
 
 
 class RenderSFT:
@@ -59,13 +66,17 @@ class RenderSFT:
 
     def __call__(self, examples):
         """Returns the Processor's SFT arrays [B, bucket] (+ pixel_values) and role [B] int32."""
-        conversations = [records_lib.conversation(e, records_lib.example_image(e, self.image_size))
-                         for e in examples]
+        conversations = [
+            records_lib.conversation(e, records_lib.example_image(e, self.image_size))
+            for e in examples
+        ]
         batch = self.processor(conversations, mode="sft")
-        batch = pad_to(batch, bucket_length(batch["input_ids"].shape[1], self.buckets),
-                       self.processor.pad_token_id)
-        batch["role"] = np.asarray([records_lib.ROLES.index(e["role"]) for e in examples],
-                                   np.int32)
+        batch = pad_to(
+            batch,
+            bucket_length(batch["input_ids"].shape[1], self.buckets),
+            self.processor.pad_token_id,
+        )
+        batch["role"] = np.asarray([records_lib.ROLES.index(e["role"]) for e in examples], np.int32)
         return batch
 
 
@@ -81,16 +92,28 @@ def role_batches(examples, global_batch_size, seed):
     for role in records_lib.ROLES:
         rows = [e for e in examples if e["role"] == role]
         order = rng.permutation(len(rows))
-        batches += [[rows[i] for i in order[j:j + global_batch_size]]
-                    for j in range(0, len(rows) - global_batch_size + 1, global_batch_size)]
+        batches += [
+            [rows[i] for i in order[j : j + global_batch_size]]
+            for j in range(0, len(rows) - global_batch_size + 1, global_batch_size)
+        ]
     if not batches:
         raise ValueError(f"no role has {global_batch_size} examples to fill one batch")
     return batches
 
 
-def sft_dataset(examples, processor, *, global_batch_size, seed, num_epochs=None,
-                process_index=0, process_count=1, buckets=DEFAULT_BUCKETS, image_size=128,
-                group_by_role=False):
+def sft_dataset(
+    examples,
+    processor,
+    *,
+    global_batch_size,
+    seed,
+    num_epochs=None,
+    process_index=0,
+    process_count=1,
+    buckets=DEFAULT_BUCKETS,
+    image_size=128,
+    group_by_role=False,
+):
     """Returns a grain IterDataset of this host's SFT batches (dicts of numpy arrays).
 
     Each batch has global_batch_size // process_count rows: input_ids, attention_mask,
@@ -114,8 +137,16 @@ def sft_dataset(examples, processor, *, global_batch_size, seed, num_epochs=None
     return dataset.to_iter_dataset()
 
 
-def rl_dataset(records, *, global_batch_size, seed, num_epochs=None, process_index=0,
-               process_count=1, image_size=128):
+def rl_dataset(
+    records,
+    *,
+    global_batch_size,
+    seed,
+    num_epochs=None,
+    process_index=0,
+    process_count=1,
+    image_size=128,
+):
     """Returns a grain IterDataset of this host's RL groups: lists of {id, image, references}.
 
     `image` is the loaded PIL image, so the RL step can build Policy prompts (Processor,
@@ -125,9 +156,14 @@ def rl_dataset(records, *, global_batch_size, seed, num_epochs=None, process_ind
         raise ValueError("no records for RL")
 
     def load(batch):
-        return [{"id": r["id"], "references": r["references"],
-                 "image": records_lib.example_image({"role": "policy", **r}, image_size)}
-                for r in host_slice(batch, process_index, process_count)]
+        return [
+            {
+                "id": r["id"],
+                "references": r["references"],
+                "image": records_lib.example_image({"role": "policy", **r}, image_size),
+            }
+            for r in host_slice(batch, process_index, process_count)
+        ]
 
     dataset = grain.MapDataset.source(list(records)).shuffle(seed=seed).repeat(num_epochs)
     dataset = dataset.batch(global_batch_size, drop_remainder=True, batch_fn=list)

@@ -67,8 +67,15 @@ class LoadReport:
         """Logs one summary line (a warning when records were skipped)."""
         total = sum(self.skipped.values())
         level = logging.WARNING if total else logging.INFO
-        logging.log(level, "%s: read %d records, kept %d, skipped %d %s", name, self.read,
-                    self.kept, total, dict(self.skipped))
+        logging.log(
+            level,
+            "%s: read %d records, kept %d, skipped %d %s",
+            name,
+            self.read,
+            self.kept,
+            total,
+            dict(self.skipped),
+        )
         for message in self.examples[:5]:
             logging.log(level, "  skipped: %s", message)
 
@@ -100,7 +107,9 @@ def _text(value, record_id, field, required=True):
     if value is None and not required:
         return ""
     if not isinstance(value, str):
-        raise bad_record(record_id, "bad_field", f"field {field!r} must be text, got {type(value).__name__}")
+        raise bad_record(
+            record_id, "bad_field", f"field {field!r} must be text, got {type(value).__name__}"
+        )
     if required and not value.strip():
         raise bad_record(record_id, "empty_caption", f"field {field!r} is empty")
     return value.strip()
@@ -120,8 +129,11 @@ def _captions(raw, key, record_id, required=True):
 def _identifier(value, record_id, field):
     """Returns an id (text or an integer) as a non-empty string; raises BadRecord naming the field."""
     if not (isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))):
-        raise bad_record(record_id, "bad_field", f"field {field!r} must be text or an integer, "
-                                                 f"got {type(value).__name__}")
+        raise bad_record(
+            record_id,
+            "bad_field",
+            f"field {field!r} must be text or an integer, got {type(value).__name__}",
+        )
     if str(value).strip() == "":
         raise bad_record(record_id, "missing_field", f"field {field!r} is empty")
     return str(value)
@@ -132,13 +144,19 @@ def image_path(image, image_root, record_id):
     or '..' segments). The check is on the normalised path: symlinks inside the root are followed
     as the user set them up."""
     if os.path.isabs(image):
-        raise bad_record(record_id, "image_outside_root",
-                         f"field 'image' {image!r} is an absolute path; give it relative to the image root")
+        raise bad_record(
+            record_id,
+            "image_outside_root",
+            f"field 'image' {image!r} is an absolute path; give it relative to the image root",
+        )
     root = os.path.abspath(image_root or os.curdir)
     path = os.path.abspath(os.path.join(root, image))
     if os.path.commonpath([root, path]) != root:
-        raise bad_record(record_id, "image_outside_root",
-                         f"field 'image' {image!r} points outside the image root {root}")
+        raise bad_record(
+            record_id,
+            "image_outside_root",
+            f"field 'image' {image!r} points outside the image root {root}",
+        )
     return path
 
 
@@ -147,7 +165,11 @@ def _candidates(raw, record_id):
     if candidates is None:
         return []
     if not isinstance(candidates, list):
-        raise bad_record(record_id, "bad_field", f"field 'candidates' must be a list, got {type(candidates).__name__}")
+        raise bad_record(
+            record_id,
+            "bad_field",
+            f"field 'candidates' must be a list, got {type(candidates).__name__}",
+        )
     out = []
     for k, candidate in enumerate(candidates):
         field = f"candidates[{k}]"
@@ -155,8 +177,12 @@ def _candidates(raw, record_id):
             raise bad_record(record_id, "bad_field", f"field {field!r} must be an object")
         cid = _identifier(candidate.get("id", f"cand{k}"), record_id, field + ".id")
         if any(c["id"] == cid for c in out):
-            raise bad_record(record_id, "bad_field", f"field {field + '.id'!r}: duplicate candidate id {cid!r}")
-        out.append({"id": cid, "caption": _text(candidate.get("caption"), record_id, field + ".caption")})
+            raise bad_record(
+                record_id, "bad_field", f"field {field + '.id'!r}: duplicate candidate id {cid!r}"
+            )
+        out.append(
+            {"id": cid, "caption": _text(candidate.get("caption"), record_id, field + ".caption")}
+        )
     return out
 
 
@@ -170,8 +196,11 @@ def _rubric(items, record_id):
             raise bad_record(record_id, "bad_rubric", f"field {field!r} must be an object")
         weight = item.get("weight")
         if not _is_number(weight) or not math.isfinite(weight) or weight <= 0:
-            raise bad_record(record_id, "bad_rubric", f"field {field + '.weight'!r}={weight!r}: "
-                                                      "must be a finite number > 0")
+            raise bad_record(
+                record_id,
+                "bad_rubric",
+                f"field {field + '.weight'!r}={weight!r}: must be a finite number > 0",
+            )
         try:
             criterion = _text(item.get("criterion"), record_id, field + ".criterion")
             check = _text(item.get("check"), record_id, field + ".check", required=False)
@@ -184,19 +213,26 @@ def _rubric(items, record_id):
 
 def _decisions(decisions, record, record_id):
     if "rubric" not in record or not isinstance(decisions, dict):
-        raise bad_record(record_id, "bad_decisions", "decisions need a rubric and a dict by candidate id")
+        raise bad_record(
+            record_id, "bad_decisions", "decisions need a rubric and a dict by candidate id"
+        )
     known = {c["id"] for c in record["candidates"]}
     out = {}
     for cid, per in decisions.items():
         field = f"decisions[{cid!r}]"
         if cid not in known or not isinstance(per, list) or len(per) != len(record["rubric"]):
-            raise bad_record(record_id, "bad_decisions",
-                             f"{field}: unknown candidate or not one decision per rubric item")
+            raise bad_record(
+                record_id,
+                "bad_decisions",
+                f"{field}: unknown candidate or not one decision per rubric item",
+            )
         row = []
         for k, decision in enumerate(per):
             value = decision.get("value") if isinstance(decision, dict) else None
             if not _is_number(value) or value not in (0, 1):
-                raise bad_record(record_id, "bad_decisions", f"{field}[{k}].value={value!r}: must be 0 or 1")
+                raise bad_record(
+                    record_id, "bad_decisions", f"{field}[{k}].value={value!r}: must be 0 or 1"
+                )
             rationale = decision.get("rationale", "")
             if not isinstance(rationale, str):
                 raise bad_record(record_id, "bad_decisions", f"{field}[{k}].rationale must be text")
@@ -219,15 +255,22 @@ def validate(raw, image_root="", check_images=True):
     if image is None or image == "":
         raise bad_record(record_id, "missing_field", "field 'image' is missing")
     if not isinstance(image, str):
-        raise bad_record(record_id, "bad_field", f"field 'image' must be text, got {type(image).__name__}")
+        raise bad_record(
+            record_id, "bad_field", f"field 'image' must be text, got {type(image).__name__}"
+        )
     path = image_path(image, image_root, record_id)
     if check_images:
         check_image(path, record_id)
-    record = {"id": record_id, "image": path,
-              "references": _captions(raw, "references", record_id),
-              "candidates": _candidates(raw, record_id)}
+    record = {
+        "id": record_id,
+        "image": path,
+        "references": _captions(raw, "references", record_id),
+        "candidates": _candidates(raw, record_id),
+    }
     if raw.get("policy_targets") is not None:  # [] : no Policy example for this image
-        record["policy_targets"] = _captions(raw, "policy_targets", record_id) if raw["policy_targets"] != [] else []
+        record["policy_targets"] = (
+            _captions(raw, "policy_targets", record_id) if raw["policy_targets"] != [] else []
+        )
     if raw.get("rubric") is not None:
         record["rubric"] = _rubric(raw["rubric"], record_id)
     if raw.get("decisions") is not None:
@@ -280,9 +323,12 @@ def load_jsonl(path, image_root=None, strict=False, check_images=True):
     Image paths are relative to image_root (default: the JSONL file's folder).
     """
     root = os.path.dirname(os.path.abspath(path)) if image_root is None else image_root
-    return collect(read_rows(path),
-                   lambda row: validate(raise_if_bad(row), root, check_images),
-                   strict, name=path)
+    return collect(
+        read_rows(path),
+        lambda row: validate(raise_if_bad(row), root, check_images),
+        strict,
+        name=path,
+    )
 
 
 def sft_examples(records):
@@ -290,19 +336,37 @@ def sft_examples(records):
     examples = []
     for record in records:
         for k, reference in enumerate(record.get("policy_targets", record["references"])):
-            examples.append({"id": f"{record['id']}/policy{k}", "role": "policy",
-                             "image": record["image"], "target": reference})
+            examples.append(
+                {
+                    "id": f"{record['id']}/policy{k}",
+                    "role": "policy",
+                    "image": record["image"],
+                    "target": reference,
+                }
+            )
         rubric = record.get("rubric")
         if rubric and record["candidates"]:
-            examples.append({"id": f"{record['id']}/generator", "role": "generator",
-                             "image": record["image"], "references": record["references"],
-                             "candidates": [c["caption"] for c in record["candidates"]],
-                             "target": roles.format_rubric(rubric)})
+            examples.append(
+                {
+                    "id": f"{record['id']}/generator",
+                    "role": "generator",
+                    "image": record["image"],
+                    "references": record["references"],
+                    "candidates": [c["caption"] for c in record["candidates"]],
+                    "target": roles.format_rubric(rubric),
+                }
+            )
         captions = {c["id"]: c["caption"] for c in record["candidates"]}
         for cid, decisions in record.get("decisions", {}).items():
-            examples.append({"id": f"{record['id']}/judge/{cid}", "role": "judge",
-                             "rubric": [list(item) for item in rubric], "caption": captions[cid],
-                             "target": roles.format_decisions(decisions)})
+            examples.append(
+                {
+                    "id": f"{record['id']}/judge/{cid}",
+                    "role": "judge",
+                    "rubric": [list(item) for item in rubric],
+                    "caption": captions[cid],
+                    "target": roles.format_decisions(decisions),
+                }
+            )
     return examples
 
 
@@ -324,12 +388,21 @@ def check_lengths(examples, processor, buckets, strict=False, name="examples"):
                 total, prompt = example_length(example, processor)
             except (OSError, ValueError) as error:  # ImageError is a ValueError
                 raise bad_record(example["id"], "unusable_row", str(error)) from None
-            fits = total <= largest or (max_length is not None and max_length <= largest and prompt < max_length)
+            fits = total <= largest or (
+                max_length is not None and max_length <= largest and prompt < max_length
+            )
             if not fits:
-                cut = "" if max_length is None else f" (data.max_length={max_length} cannot cut it: prompt {prompt} tokens)"
-                raise bad_record(example["id"], "too_long",
-                                 f"role example of {total} tokens is longer than the largest length bucket "
-                                 f"{largest}{cut}; raise data.length_buckets or set data.max_length")
+                cut = (
+                    ""
+                    if max_length is None
+                    else f" (data.max_length={max_length} cannot cut it: prompt {prompt} tokens)"
+                )
+                raise bad_record(
+                    example["id"],
+                    "too_long",
+                    f"role example of {total} tokens is longer than the largest length bucket "
+                    f"{largest}{cut}; raise data.length_buckets or set data.max_length",
+                )
             kept.append(example)
         except BadRecord as error:
             if strict:

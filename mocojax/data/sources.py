@@ -60,8 +60,9 @@ def _require(row, key, record_id):
     return value
 
 
-def load_pixmo_cap(path, image_dir, strict=False, check_images=True,
-                   transcripts_as_references=False):
+def load_pixmo_cap(
+    path, image_dir, strict=False, check_images=True, transcripts_as_references=False
+):
     """Returns (image records, LoadReport) for PixMo-Cap rows with images in image_dir."""
     by_name, by_stem = _index_folder(image_dir)
 
@@ -75,13 +76,17 @@ def load_pixmo_cap(path, image_dir, strict=False, check_images=True,
         image = by_stem.get(digest) or by_name.get(basename)
         if image is None:
             raise records_lib.bad_record(
-                record_id, "missing_image",
-                f"no image for {url} in {image_dir} (looked for {digest}.* and {basename!r})")
+                record_id,
+                "missing_image",
+                f"no image for {url} in {image_dir} (looked for {digest}.* and {basename!r})",
+            )
         references = [caption]
         if transcripts_as_references:
             transcripts = row.get("transcripts") or []
             if not isinstance(transcripts, list):
-                raise records_lib.bad_record(record_id, "bad_field", "field 'transcripts' must be a list")
+                raise records_lib.bad_record(
+                    record_id, "bad_field", "field 'transcripts' must be a list"
+                )
             references += [t for t in transcripts if not isinstance(t, str) or t.strip()]
         # Found by scanning image_dir, so relative to it (validate refuses absolute paths).
         raw = {"id": record_id, "image": os.path.basename(image), "references": references}

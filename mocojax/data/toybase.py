@@ -35,8 +35,18 @@ TEXT_TASKS = ("read", "names", "attr", "check")
 TASKS = IMAGE_TASKS + TEXT_TASKS
 # Records per scene and task (a scene's image is rendered once per record). `check` is last
 # in TASKS and 0 here, so the shipped base's records are unchanged by its existence.
-DEFAULT_TASK_MIX = {"object": 2, "grid": 1, "cell": 2, "find": 1, "count": 0, "caption": 1,
-                    "read": 1, "names": 1, "attr": 1, "check": 0}
+DEFAULT_TASK_MIX = {
+    "object": 2,
+    "grid": 1,
+    "cell": 2,
+    "find": 1,
+    "count": 0,
+    "caption": 1,
+    "read": 1,
+    "names": 1,
+    "attr": 1,
+    "check": 0,
+}
 
 OBJECT_PROMPT = "What is in the picture?"
 GRID_PROMPT = "List the objects cell by cell."
@@ -57,8 +67,11 @@ def describe(mention):
 def grid_listing(scene):
     """Returns the scene listed in row-major cell order: 'top left: large red circle. ... background: white.'"""
     by_cell = {o.position: o for o in scene.objects}
-    parts = [f"{cell}: {o.size} {o.colour} {o.shape}." for cell in tw.POSITIONS
-             if (o := by_cell.get(cell))]
+    parts = [
+        f"{cell}: {o.size} {o.colour} {o.shape}."
+        for cell in tw.POSITIONS
+        if (o := by_cell.get(cell))
+    ]
     return " ".join(parts + [f"background: {scene.background}."])
 
 
@@ -84,8 +97,14 @@ def _some_caption(scene, seed, rng):
 
 
 def _record(scene, task, k, prompt, target, caption=None):
-    record = {"id": f"{scene.id}/base-{task}{k}", "role": "judge" if task in TEXT_TASKS else "policy",
-              "task": task, "scene_id": scene.id, "prompt": prompt, "target": target}
+    record = {
+        "id": f"{scene.id}/base-{task}{k}",
+        "role": "judge" if task in TEXT_TASKS else "policy",
+        "task": task,
+        "scene_id": scene.id,
+        "prompt": prompt,
+        "target": target,
+    }
     if caption is None:
         record["scene"] = scene
     else:
@@ -108,7 +127,9 @@ def scene_base_records(scene, seed, task_mix=None):
             if task == "object":
                 single = tw.make_scene(seed, int(rng.integers(1 << 30)), max_objects=1)
                 single = tw.Scene(f"{scene.id}-single{k}", single.background, single.objects)
-                record = _record(single, task, k, OBJECT_PROMPT, "a " + describe(_mention(single.objects[0])))
+                record = _record(
+                    single, task, k, OBJECT_PROMPT, "a " + describe(_mention(single.objects[0]))
+                )
                 records.append(dict(record, id=f"{scene.id}/base-{task}{k}", scene_id=scene.id))
             elif task == "grid":
                 records.append(_record(scene, task, k, GRID_PROMPT, grid_listing(scene)))
@@ -132,7 +153,9 @@ def scene_base_records(scene, seed, task_mix=None):
                 answer = f"at the {obj.position}" if obj else f"there is no {colour} {shape}"
                 records.append(_record(scene, task, k, f"Where is the {colour} {shape}?", answer))
             elif task == "count":
-                records.append(_record(scene, task, k, COUNT_PROMPT, NUMBER_WORDS[len(scene.objects)]))
+                records.append(
+                    _record(scene, task, k, COUNT_PROMPT, NUMBER_WORDS[len(scene.objects)])
+                )
             elif task == "caption":
                 captions = tw.reference_captions(scene, seed + 1, 3)
                 records.append(_record(scene, task, k, CAPTION_PROMPT, captions[k % 3]))
@@ -145,8 +168,14 @@ def scene_base_records(scene, seed, task_mix=None):
 
 def _text_record(scene, task, k, caption, mentions, background, rng):
     if task == "read":
-        return _record(scene, task, k, f"Caption: {caption}\n{READ_PROMPT}", read_listing(mentions, background),
-                       caption)
+        return _record(
+            scene,
+            task,
+            k,
+            f"Caption: {caption}\n{READ_PROMPT}",
+            read_listing(mentions, background),
+            caption,
+        )
     if task == "check":
         return _check_record(scene, k, caption, mentions, rng)
     if task == "names":
@@ -157,8 +186,14 @@ def _text_record(scene, task, k, caption, mentions, background, rng):
             shape = tw.SHAPES[int(rng.integers(len(tw.SHAPES)))]
             colour = list(tw.COLOURS)[int(rng.integers(len(tw.COLOURS)))]
         named = any(m.shape == shape and m.colour == colour for m in mentions)
-        return _record(scene, task, k, f"Caption: {caption}\nDoes it name a {colour} {shape}?",
-                       "yes" if named else "no", caption)
+        return _record(
+            scene,
+            task,
+            k,
+            f"Caption: {caption}\nDoes it name a {colour} {shape}?",
+            "yes" if named else "no",
+            caption,
+        )
     # attr: an attribute of an object the caption may or may not name; a shape named twice is
     # asked about with its colour, so every question has one answer.
     attribute = tw.ATTRIBUTES[int(rng.integers(len(tw.ATTRIBUTES)))]
@@ -171,14 +206,20 @@ def _text_record(scene, task, k, caption, mentions, background, rng):
                 attribute = "size"
     else:
         shape, colour = tw.SHAPES[int(rng.integers(len(tw.SHAPES)))], None
-    question = {"colour": "What colour is", "size": "What size is", "position": "Where is"}[attribute]
+    question = {"colour": "What colour is", "size": "What size is", "position": "Where is"}[
+        attribute
+    ]
     noun = f"{colour} {shape}" if colour else shape
     named = [m for m in mentions if m.shape == shape and (colour is None or m.colour == colour)]
     if not named:
         answer = f"no {noun} is named"
     else:
         value = getattr(named[0], attribute)
-        answer = "not given" if value is None else (f"at the {value}" if attribute == "position" else value)
+        answer = (
+            "not given"
+            if value is None
+            else (f"at the {value}" if attribute == "position" else value)
+        )
     return _record(scene, task, k, f"Caption: {caption}\n{question} the {noun}?", answer, caption)
 
 
@@ -191,16 +232,23 @@ def _check_record(scene, k, caption, mentions, rng):
     num_named = min(len(named_pairs), (count + int(rng.integers(2))) // 2)
     items = [named_pairs[int(i)] for i in rng.choice(len(named_pairs), num_named, replace=False)]
     while len(items) < count:
-        shape = (mentions[int(rng.integers(len(mentions)))].shape if mentions and rng.random() < 0.7
-                 else tw.SHAPES[int(rng.integers(len(tw.SHAPES)))])
+        shape = (
+            mentions[int(rng.integers(len(mentions)))].shape
+            if mentions and rng.random() < 0.7
+            else tw.SHAPES[int(rng.integers(len(tw.SHAPES)))]
+        )
         pair = (list(tw.COLOURS)[int(rng.integers(len(tw.COLOURS)))], shape)
         if pair not in items and pair not in named_pairs:
             items.append(pair)
     items = [items[int(i)] for i in rng.permutation(count)]
     lines = "\n".join(f"{j} | a {colour} {shape}" for j, (colour, shape) in enumerate(items, 1))
-    answers = "\n".join(f"{j} | {'yes' if (colour, shape) in named_pairs else 'no'}"
-                        for j, (colour, shape) in enumerate(items, 1))
-    return _record(scene, "check", k, f"Caption: {caption}\n{CHECK_PROMPT}\n{lines}", answers, caption)
+    answers = "\n".join(
+        f"{j} | {'yes' if (colour, shape) in named_pairs else 'no'}"
+        for j, (colour, shape) in enumerate(items, 1)
+    )
+    return _record(
+        scene, "check", k, f"Caption: {caption}\n{CHECK_PROMPT}\n{lines}", answers, caption
+    )
 
 
 def check_answers(text):
@@ -221,7 +269,9 @@ def parse_task_mix(text):
     for part in text.split(","):
         task, sep, count = part.strip().partition("=")
         if not sep or task not in TASKS or not count.strip().isdigit():
-            raise ValueError(f"bad task mix entry {part!r} in {text!r}: want task=count with task in {TASKS}")
+            raise ValueError(
+                f"bad task mix entry {part!r} in {text!r}: want task=count with task in {TASKS}"
+            )
         mix[task] = int(count)
     if not any(mix.values()):
         raise ValueError(f"task mix {text!r} has no records")
@@ -230,16 +280,26 @@ def parse_task_mix(text):
 
 def base_records(seed, num_scenes, start=0, task_mix=None):
     """Returns the base-task records of scenes start..start+num_scenes-1, grouped by scene."""
-    return [record for scene in tw.make_scenes(seed, num_scenes, start)
-            for record in scene_base_records(scene, seed, task_mix)]
+    return [
+        record
+        for scene in tw.make_scenes(seed, num_scenes, start)
+        for record in scene_base_records(scene, seed, task_mix)
+    ]
 
 
 def vocabulary_texts():
     """Returns texts holding every word the base tasks write (for the toy tokenizer)."""
-    texts = [OBJECT_PROMPT, GRID_PROMPT, COUNT_PROMPT, CAPTION_PROMPT, READ_PROMPT, CHECK_PROMPT,
-             " ".join(NUMBER_WORDS),
-             "What is at the nothing Where there is no Caption: Does it name a yes no What colour size",
-             "no objects. background: not given. no circle is named"]
+    texts = [
+        OBJECT_PROMPT,
+        GRID_PROMPT,
+        COUNT_PROMPT,
+        CAPTION_PROMPT,
+        READ_PROMPT,
+        CHECK_PROMPT,
+        " ".join(NUMBER_WORDS),
+        "What is at the nothing Where there is no Caption: Does it name a yes no What colour size",
+        "no objects. background: not given. no circle is named",
+    ]
     texts += [r["prompt"] + "\n" + r["target"] for r in base_records(54321, 60)]
     return texts
 

@@ -18,13 +18,20 @@ import re
 import numpy as np
 
 from mocojax import roles
-from mocojax.data import records as records_lib
-from mocojax.data import toybase
-from mocojax.data import toyworld as tw
+from mocojax.data import records as records_lib, toybase, toyworld as tw
 
 WEIGHTS = {"present": 3.0, "absent": 3.0, "attribute": 2.0, "background": 1.0}
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
-                  "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<think>", "</think>")
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<think>",
+    "</think>",
+)
 UNK_TOKEN = "<unk>"
 
 
@@ -60,9 +67,13 @@ def item_of(fact):
         noun = _referent_phrase(fact.referent)
         return roles.RubricItem(f"does not mention a {noun}", "not named", WEIGHTS["absent"])
     if fact.kind == "background":
-        return roles.RubricItem(f"the background is {fact.value}", fact.value, WEIGHTS["background"])
+        return roles.RubricItem(
+            f"the background is {fact.value}", fact.value, WEIGHTS["background"]
+        )
     value = _value_phrase(fact.attribute, fact.value)
-    return roles.RubricItem(f"the {_referent_phrase(fact.referent)} is {value}", value, WEIGHTS["attribute"])
+    return roles.RubricItem(
+        f"the {_referent_phrase(fact.referent)} is {value}", value, WEIGHTS["attribute"]
+    )
 
 
 def parse_criterion(criterion):
@@ -70,7 +81,7 @@ def parse_criterion(criterion):
     text = " ".join(criterion.lower().split())
     for prefix, kind in (("does not mention", "absent"), ("mentions", "present")):
         if text.startswith(prefix):
-            mentions, _ = tw.parse_caption(text[len(prefix):])
+            mentions, _ = tw.parse_caption(text[len(prefix) :])
             if len(mentions) == 1 and (kind == "absent" or mentions[0].colour):
                 return Fact(kind, tw.Mention(mentions[0].shape, mentions[0].colour))
             return None
@@ -82,9 +93,11 @@ def parse_criterion(criterion):
         return Fact("background", value=background) if background else None
     mentions, _ = tw.parse_caption(subject)
     words = re.findall(r"[a-z]+", predicate)
-    values = {"colour": [w for w in words if w in tw.COLOURS],
-              "size": [tw.SIZE_WORDS[w] for w in words if w in tw.SIZE_WORDS],
-              "position": [p] if (p := tw.position_of(words)) else []}
+    values = {
+        "colour": [w for w in words if w in tw.COLOURS],
+        "size": [tw.SIZE_WORDS[w] for w in words if w in tw.SIZE_WORDS],
+        "position": [p] if (p := tw.position_of(words)) else [],
+    }
     stated = [(a, v[0]) for a, v in values.items() if len(v) == 1]
     if len(mentions) != 1 or len(stated) != 1 or any(len(v) > 1 for v in values.values()):
         return None
@@ -97,7 +110,8 @@ def parse_criterion(criterion):
 def _matches(mention, referent):
     return mention.shape == referent.shape and all(
         getattr(referent, a) is None or getattr(mention, a) == getattr(referent, a)
-        for a in tw.ATTRIBUTES)
+        for a in tw.ATTRIBUTES
+    )
 
 
 def judge_fact(fact, mentions, background):
@@ -152,8 +166,9 @@ def judge_accuracy(rubric_items, caption, decisions):
     scored = [(f, d) for f, d in zip(facts, decisions) if f is not None]
     if not scored:
         return 0.0, len(facts)
-    right = sum(judge_fact(f, mentions, background).value == int(getattr(d, "value", d))
-                for f, d in scored)
+    right = sum(
+        judge_fact(f, mentions, background).value == int(getattr(d, "value", d)) for f, d in scored
+    )
     return right / len(scored), len(facts) - len(scored)
 
 
@@ -222,18 +237,22 @@ def rubric_facts(scene, candidate_captions, max_items=8, min_items=3):
                 facts.append(Fact("present", tw.Mention(obj.shape, obj.colour)))
                 continue
             mention = mentions[assignment.index(k)]
-            facts += [Fact("attribute", _referent_for(scene, k, a), a, getattr(obj, a))
-                      for a in tw.ATTRIBUTES if getattr(mention, a) != getattr(obj, a)]
-        facts += [Fact("absent", tw.Mention(m.shape, m.colour))
-                  for m, k in zip(mentions, assignment)
-                  if k is None and m.colour is not None and (m.shape, m.colour) not in pairs]
+            facts += [
+                Fact("attribute", _referent_for(scene, k, a), a, getattr(obj, a))
+                for a in tw.ATTRIBUTES
+                if getattr(mention, a) != getattr(obj, a)
+            ]
+        facts += [
+            Fact("absent", tw.Mention(m.shape, m.colour))
+            for m, k in zip(mentions, assignment)
+            if k is None and m.colour is not None and (m.shape, m.colour) not in pairs
+        ]
         if background != scene.background:
             facts.append(Fact("background", value=scene.background))
     facts = list(dict.fromkeys(facts))
     if len(facts) < min_items:
         fill = [Fact("present", tw.Mention(o.shape, o.colour)) for o in scene.objects]
-        facts += [f for f in fill + [Fact("background", value=scene.background)]
-                  if f not in facts]
+        facts += [f for f in fill + [Fact("background", value=scene.background)] if f not in facts]
     order = {kind: rank for rank, kind in enumerate(("absent", "present", "attribute"))}
     facts.sort(key=lambda f: order.get(f.kind, 3))
     return facts[:max_items]
@@ -268,24 +287,41 @@ def scene_sft_records(scene, seed, mix=(2, 1, 1), num_candidates=4, policy_drop=
     num_policy, num_generator, num_judge = mix
     references = tw.reference_captions(scene, seed, max(3, num_policy))
     ref_ids = [f"{scene.id}/ref{k}" for k in range(len(references))]
-    records = [{"id": f"{scene.id}/policy{k}", "role": "policy", "scene_id": scene.id,
-                "scene": scene, "caption_id": ref_ids[k] if not policy_drop else f"{scene.id}/terse{k}",
-                "target": references[k] if not policy_drop else tw.terse_caption(scene, seed, k, policy_drop)}
-               for k in range(num_policy)]
+    records = [
+        {
+            "id": f"{scene.id}/policy{k}",
+            "role": "policy",
+            "scene_id": scene.id,
+            "scene": scene,
+            "caption_id": ref_ids[k] if not policy_drop else f"{scene.id}/terse{k}",
+            "target": references[k]
+            if not policy_drop
+            else tw.terse_caption(scene, seed, k, policy_drop),
+        }
+        for k in range(num_policy)
+    ]
     rubric = shown = None
     for g in range(max(1, num_generator)):
         subset = tw.weak_captions(scene, seed, num_candidates, salt=g)
-        items = [item_of(f) for f in rubric_facts(scene, [c["caption"] for c in subset],
-                                                  max_items=MAX_RUBRIC_ITEMS)]
+        items = [
+            item_of(f)
+            for f in rubric_facts(scene, [c["caption"] for c in subset], max_items=MAX_RUBRIC_ITEMS)
+        ]
         if rubric is None:  # Judge records use the first rubric.
             rubric, shown = items, subset
         if g < num_generator:
-            records.append({"id": f"{scene.id}/generator{g}", "role": "generator",
-                            "scene_id": scene.id, "scene": scene,
-                            "references": references[:GENERATOR_REFERENCES],
-                            "candidates": [c["caption"] for c in subset],
-                            "caption_ids": [c["id"] for c in subset],
-                            "target": roles.format_rubric(items)})
+            records.append(
+                {
+                    "id": f"{scene.id}/generator{g}",
+                    "role": "generator",
+                    "scene_id": scene.id,
+                    "scene": scene,
+                    "references": references[:GENERATOR_REFERENCES],
+                    "candidates": [c["caption"] for c in subset],
+                    "caption_ids": [c["id"] for c in subset],
+                    "target": roles.format_rubric(items),
+                }
+            )
     unseen = tw.weak_captions(scene, seed, num_candidates, salt=1000)
     pool = [(c["id"], c["caption"]) for c in shown + unseen[:2]]
     rng = _rng(seed, 3, scene)
@@ -306,16 +342,27 @@ def scene_sft_records(scene, seed, mix=(2, 1, 1), num_candidates=4, policy_drop=
             drawn = [pool[int(i)] for i in rng.choice(len(pool), 2, replace=False)]
             judged = [(cid, text, decide(text)) for cid, text in drawn]
             caption_id, caption, decisions = min(judged, key=lambda t: sum(d.value for d in t[2]))
-        records.append({"id": f"{scene.id}/judge{j}", "role": "judge", "scene_id": scene.id,
-                        "rubric": [list(item) for item in rubric], "caption": caption,
-                        "caption_id": caption_id, "target": roles.format_decisions(decisions)})
+        records.append(
+            {
+                "id": f"{scene.id}/judge{j}",
+                "role": "judge",
+                "scene_id": scene.id,
+                "rubric": [list(item) for item in rubric],
+                "caption": caption,
+                "caption_id": caption_id,
+                "target": roles.format_decisions(decisions),
+            }
+        )
     return records
 
 
 def sft_records(seed, num_scenes, mix=(2, 1, 1), start=0, policy_drop=0.0):
     """Returns the SFT records of scenes start..start+num_scenes-1, grouped by scene."""
-    return [record for scene in tw.make_scenes(seed, num_scenes, start)
-            for record in scene_sft_records(scene, seed, mix, policy_drop=policy_drop)]
+    return [
+        record
+        for scene in tw.make_scenes(seed, num_scenes, start)
+        for record in scene_sft_records(scene, seed, mix, policy_drop=policy_drop)
+    ]
 
 
 class ExactRoles:
@@ -331,7 +378,9 @@ class ExactRoles:
 
     def rubric(self, image_id, shown_captions):
         """Returns the list[RubricItem] for the shown captions of one image."""
-        facts = rubric_facts(self.scenes[image_id], list(shown_captions), max_items=MAX_RUBRIC_ITEMS)
+        facts = rubric_facts(
+            self.scenes[image_id], list(shown_captions), max_items=MAX_RUBRIC_ITEMS
+        )
         return [item_of(f) for f in facts]
 
     @staticmethod
@@ -344,9 +393,14 @@ class ExactRoles:
 
 def image_records(seed, num_scenes, start=0):
     """Returns RL records {id, scene, references}: the image and its reference captions."""
-    return [{"id": scene.id, "scene": scene,
-             "references": tw.reference_captions(scene, seed)[:GENERATOR_REFERENCES]}
-            for scene in tw.make_scenes(seed, num_scenes, start)]
+    return [
+        {
+            "id": scene.id,
+            "scene": scene,
+            "references": tw.reference_captions(scene, seed)[:GENERATOR_REFERENCES],
+        }
+        for scene in tw.make_scenes(seed, num_scenes, start)
+    ]
 
 
 # One pre-token per word with its leading space, so decoding by plain concatenation (Fuse)
@@ -356,19 +410,27 @@ _PRETOKEN_PATTERN = r"\n| ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]|\s"
 
 def _vocabulary_corpus():
     """Returns texts holding every word the role prompts, captions, rubrics and decisions use."""
-    texts = [roles.POLICY_INSTRUCTION, roles.GENERATOR_INSTRUCTION, roles.JUDGE_INSTRUCTION,
-             "system user assistant References Candidates Rubric Caption",
-             " ".join(tw.SHAPES + tuple(tw.COLOURS) + tuple(tw.BACKGROUNDS) + tw.POSITIONS),
-             " ".join(tw.SIZE_WORDS) + " grey upper lower corner side centre middle along",
-             " ".join(tw.INTROS + tw.VERBS), "An empty picture On there is",
-             "0123456789 .,;:|-()[]'\"!?/"]
+    texts = [
+        roles.POLICY_INSTRUCTION,
+        roles.GENERATOR_INSTRUCTION,
+        roles.JUDGE_INSTRUCTION,
+        "system user assistant References Candidates Rubric Caption",
+        " ".join(tw.SHAPES + tuple(tw.COLOURS) + tuple(tw.BACKGROUNDS) + tw.POSITIONS),
+        " ".join(tw.SIZE_WORDS) + " grey upper lower corner side centre middle along",
+        " ".join(tw.INTROS + tw.VERBS),
+        "An empty picture On there is",
+        "0123456789 .,;:|-()[]'\"!?/",
+    ]
     for record in sft_records(seed=12345, num_scenes=200, mix=(3, 1, 4)):
         messages = records_lib.conversation(record, image=None)
-        texts += [part["text"] if isinstance(part, dict) else part
-                  for message in messages
-                  for part in (message["content"] if isinstance(message["content"], list)
-                               else [message["content"]])
-                  if not isinstance(part, dict) or part.get("type") == "text"]
+        texts += [
+            part["text"] if isinstance(part, dict) else part
+            for message in messages
+            for part in (
+                message["content"] if isinstance(message["content"], list) else [message["content"]]
+            )
+            if not isinstance(part, dict) or part.get("type") == "text"
+        ]
     for fact_kind in ("present", "absent"):
         texts.append(roles.format_rubric([item_of(Fact(fact_kind, tw.Mention("circle", "red")))]))
     texts += [f"its {a} is not given no such circle is named placed" for a in tw.ATTRIBUTES]
@@ -399,17 +461,24 @@ def build_tokenizer(out_dir):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = build_vocabulary()
-    tokenizer = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)},
-                                           unk_token=UNK_TOKEN))
+    tokenizer = Tokenizer(
+        models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token=UNK_TOKEN)
+    )
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(_PRETOKEN_PATTERN), "isolated")
     tokenizer.decoder = decoders.Fuse()
     tokenizer.add_special_tokens(list(SPECIAL_TOKENS) + [UNK_TOKEN])
     os.makedirs(out_dir, exist_ok=True)
     tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192,
-              "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": UNK_TOKEN,
-              "bos_token": None, "clean_up_tokenization_spaces": False,
-              "additional_special_tokens": list(SPECIAL_TOKENS[1:])}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": 8192,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": UNK_TOKEN,
+        "bos_token": None,
+        "clean_up_tokenization_spaces": False,
+        "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
+    }
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump(config, f, indent=1)
     return out_dir

@@ -17,13 +17,28 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 SHAPES = ("circle", "square", "triangle", "diamond", "star")
-COLOURS = {"red": (215, 40, 40), "green": (40, 160, 60), "blue": (45, 85, 215),
-           "yellow": (235, 200, 30), "purple": (135, 60, 175), "orange": (245, 130, 30)}
+COLOURS = {
+    "red": (215, 40, 40),
+    "green": (40, 160, 60),
+    "blue": (45, 85, 215),
+    "yellow": (235, 200, 30),
+    "purple": (135, 60, 175),
+    "orange": (245, 130, 30),
+}
 BACKGROUNDS = {"white": (248, 248, 248), "gray": (150, 150, 150), "black": (22, 22, 22)}
 SIZES = ("small", "large")
 # Grid cells in row-major order; the canonical name is what rubric items say.
-POSITIONS = ("top left", "top", "top right", "left", "center", "right",
-             "bottom left", "bottom", "bottom right")
+POSITIONS = (
+    "top left",
+    "top",
+    "top right",
+    "left",
+    "center",
+    "right",
+    "bottom left",
+    "bottom",
+    "bottom right",
+)
 ATTRIBUTES = ("colour", "size", "position")
 
 # Synonyms the captions use, mapped to canonical words by the parser.
@@ -36,8 +51,7 @@ _SEPARATORS = {",", ".", ";", ":", "and"}
 
 INTROS = ("The image shows", "There is", "We see", "This picture contains", "It shows")
 VERBS = ("sits", "is", "appears", "can be seen")
-_CORNER_FORMS = ("in the {v} {h}", "at the {v} {h}", "in the {v} {h} corner",
-                 "in the {vs} {h}")
+_CORNER_FORMS = ("in the {v} {h}", "at the {v} {h}", "in the {v} {h} corner", "in the {vs} {h}")
 _EDGE_V_FORMS = ("at the {v}", "in the {v} middle", "at the {v} center", "along the {v}")
 _EDGE_H_FORMS = ("on the {h}", "at the {h}", "in the middle {h}", "on the {h} side")
 _CENTRE_FORMS = ("in the center", "in the middle", "at the centre")
@@ -63,14 +77,16 @@ class Scene:
 
     def to_dict(self):
         """Returns the scene as a JSON-ready dict."""
-        return {"id": self.id, "background": self.background,
-                "objects": [dataclasses.asdict(obj) for obj in self.objects]}
+        return {
+            "id": self.id,
+            "background": self.background,
+            "objects": [dataclasses.asdict(obj) for obj in self.objects],
+        }
 
     @classmethod
     def from_dict(cls, data):
         """Returns the Scene stored by `to_dict`."""
-        return cls(data["id"], data["background"],
-                   tuple(Obj(**obj) for obj in data["objects"]))
+        return cls(data["id"], data["background"], tuple(Obj(**obj) for obj in data["objects"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +111,10 @@ def make_scene(seed, index, max_objects=4):
     cells = rng.choice(len(POSITIONS), size=count, replace=False)
     pairs = [(s, c) for s in SHAPES for c in COLOURS]
     chosen = rng.choice(len(pairs), size=count, replace=False)
-    objects = tuple(Obj(pairs[p][0], pairs[p][1], SIZES[int(rng.integers(2))],
-                        POSITIONS[int(cell)]) for p, cell in zip(chosen, cells))
+    objects = tuple(
+        Obj(pairs[p][0], pairs[p][1], SIZES[int(rng.integers(2))], POSITIONS[int(cell)])
+        for p, cell in zip(chosen, cells)
+    )
     background = list(BACKGROUNDS)[int(rng.integers(len(BACKGROUNDS)))]
     return Scene(scene_id(seed, index), background, objects)
 
@@ -142,8 +160,9 @@ def render(scene, size=128):
 def contact_sheet(seed, count=100, columns=10, size=128, gap=4):
     """Returns a PIL image tiling the first `count` scenes of the world with `seed`."""
     rows = -(-count // columns)
-    sheet = Image.new("RGB", (columns * (size + gap) + gap, rows * (size + gap) + gap),
-                      (90, 90, 90))
+    sheet = Image.new(
+        "RGB", (columns * (size + gap) + gap, rows * (size + gap) + gap), (90, 90, 90)
+    )
     for index, scene in enumerate(make_scenes(seed, count)):
         row, col = divmod(index, columns)
         sheet.paste(render(scene, size), (gap + col * (size + gap), gap + row * (size + gap)))
@@ -234,13 +253,20 @@ def reference_captions(scene, seed, count=3):
     captions = []
     for _ in range(count):
         order = rng.permutation(len(scene.objects))
-        captions.append(write_caption([_mention_of(scene.objects[i]) for i in order],
-                                      scene.background, rng))
+        captions.append(
+            write_caption([_mention_of(scene.objects[i]) for i in order], scene.background, rng)
+        )
     return captions
 
 
-ERROR_TYPES = ("missing_object", "wrong_colour", "wrong_size", "wrong_position",
-               "hallucinated_object", "missing_background")
+ERROR_TYPES = (
+    "missing_object",
+    "wrong_colour",
+    "wrong_size",
+    "wrong_position",
+    "hallucinated_object",
+    "missing_background",
+)
 
 
 def _apply_error(scene, mentions, background, error, rng):
@@ -251,7 +277,7 @@ def _apply_error(scene, mentions, background, error, rng):
         if len(mentions) < 2:
             return None
         drop = int(rng.integers(len(mentions)))
-        return mentions[:drop] + mentions[drop + 1:], background
+        return mentions[:drop] + mentions[drop + 1 :], background
     if error == "missing_background":
         return (mentions, None) if background else None
     if error == "hallucinated_object":
@@ -260,8 +286,12 @@ def _apply_error(scene, mentions, background, error, rng):
         if not free_cells:
             return None
         shape, colour = free_pairs[int(rng.integers(len(free_pairs)))]
-        extra = Mention(shape, colour, SIZES[int(rng.integers(2))],
-                        free_cells[int(rng.integers(len(free_cells)))])
+        extra = Mention(
+            shape,
+            colour,
+            SIZES[int(rng.integers(2))],
+            free_cells[int(rng.integers(len(free_cells)))],
+        )
         at = int(rng.integers(len(mentions) + 1))
         return mentions[:at] + [extra] + mentions[at:], background
     k = int(rng.integers(len(mentions)))
@@ -275,7 +305,7 @@ def _apply_error(scene, mentions, background, error, rng):
     else:
         options = [p for p in POSITIONS if p != mention.position]
         new = dataclasses.replace(mention, position=options[int(rng.integers(len(options)))])
-    return mentions[:k] + [new] + mentions[k + 1:], background
+    return mentions[:k] + [new] + mentions[k + 1 :], background
 
 
 def candidate_captions(scene, seed, count=4):
@@ -290,9 +320,13 @@ def candidate_captions(scene, seed, count=4):
             applied = _apply_error(scene, mentions, background, error, rng)
             if applied is not None:
                 (mentions, background), errors = applied, errors + [error]
-        candidates.append({"id": f"{scene.id}/cand{j}",
-                           "caption": write_caption(mentions, background, rng),
-                           "errors": errors})
+        candidates.append(
+            {
+                "id": f"{scene.id}/cand{j}",
+                "caption": write_caption(mentions, background, rng),
+                "errors": errors,
+            }
+        )
     return candidates
 
 
@@ -317,7 +351,9 @@ def weak_captions(scene, seed, count=4, salt=0):
         if kind == "blind":
             other = make_scene(seed + 104729, int(rng.integers(1 << 30)))
             order = rng.permutation(len(other.objects))
-            caption = write_caption([_mention_of(other.objects[i]) for i in order], other.background, rng)
+            caption = write_caption(
+                [_mention_of(other.objects[i]) for i in order], other.background, rng
+            )
         else:
             mentions = [_mention_of(scene.objects[i]) for i in rng.permutation(len(scene.objects))]
             background = scene.background
@@ -326,7 +362,10 @@ def weak_captions(scene, seed, count=4, salt=0):
                 background = background if rng.random() < 0.5 else None
                 todo = [ERROR_TYPES[int(rng.integers(1, 4))]] if rng.random() < 0.5 else []
             elif kind == "errors":
-                todo = [ERROR_TYPES[int(rng.integers(len(ERROR_TYPES)))] for _ in range(int(rng.integers(1, 5)))]
+                todo = [
+                    ERROR_TYPES[int(rng.integers(len(ERROR_TYPES)))]
+                    for _ in range(int(rng.integers(1, 5)))
+                ]
             else:
                 todo = []
             for error in todo:
@@ -334,8 +373,9 @@ def weak_captions(scene, seed, count=4, salt=0):
                 if applied is not None:
                     (mentions, background), errors = applied, errors + [error]
             caption = write_caption(mentions, background, rng)
-        captions.append({"id": f"{scene.id}/weak{salt}-{j}", "caption": caption, "errors": errors,
-                         "kind": kind})
+        captions.append(
+            {"id": f"{scene.id}/weak{salt}-{j}", "caption": caption, "errors": errors, "kind": kind}
+        )
     return captions
 
 
@@ -461,9 +501,14 @@ def caption_metrics(scene, caption):
     precision = correct / stated if stated else 0.0
     recall = correct / total
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return {"precision": precision, "recall": recall, "f1": f1,
-            "hallucinated": hallucinated, "num_mentions": len(mentions),
-            "missing_objects": len(scene.objects) - sum(k is not None for k in assignment)}
+    return {
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "hallucinated": hallucinated,
+        "num_mentions": len(mentions),
+        "missing_objects": len(scene.objects) - sum(k is not None for k in assignment),
+    }
 
 
 def main(argv=None):

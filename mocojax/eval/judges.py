@@ -24,14 +24,17 @@ from mocojax.data import toyworld as tw
 
 PAIRWISE_INSTRUCTION = (
     "Compare two captions of this image. The better caption is accurate and detailed; invented "
-    "objects count against it. End with one line: Caption 1 is better, Caption 2 is better, or Tie.")
+    "objects count against it. End with one line: Caption 1 is better, Caption 2 is better, or Tie."
+)
 RANK_INSTRUCTION = (
     "Rank the captions of this image from best to worst: accurate, detailed, nothing invented. "
     "First line: Ranking: caption numbers best first, separated by > (= for a tie). Second line: "
-    "Hallucinated: the numbers of the captions that invent an object, or none.")
+    "Hallucinated: the numbers of the captions that invent an object, or none."
+)
 READER_INSTRUCTION = (
     "Answer each question using only the caption. One line per question: id | answer. If the "
-    "caption does not say, answer Not Given.")
+    "caption does not say, answer Not Given."
+)
 NOT_GIVEN = "Not Given"
 
 
@@ -69,7 +72,11 @@ class CheckpointGenerator:
 
     def __init__(self, name, cfg, params, processor, *, batch_size, max_new_tokens, image_size):
         self.name, self.cfg, self.params, self.processor = name, cfg, params, processor
-        self.batch_size, self.max_new_tokens, self.image_size = batch_size, max_new_tokens, image_size
+        self.batch_size, self.max_new_tokens, self.image_size = (
+            batch_size,
+            max_new_tokens,
+            image_size,
+        )
 
     def complete(self, prompts, images):
         from mocojax.eval import toyworld_eval
@@ -82,22 +89,52 @@ class CheckpointGenerator:
             elif image is not None:
                 example["image"] = image
             examples.append(example)
-        return toyworld_eval.generate_texts(self.cfg, self.params, self.processor, examples, self.batch_size,
-                                            self.max_new_tokens, self.image_size)
+        return toyworld_eval.generate_texts(
+            self.cfg,
+            self.params,
+            self.processor,
+            examples,
+            self.batch_size,
+            self.max_new_tokens,
+            self.image_size,
+        )
 
 
 class EndpointGenerator:
     """A remote OpenAI-compatible chat endpoint (base_url, model): greedy completions through
     mocojax.endpoint's client (retries, concurrency limit, timeout, a disk cache under cache_dir)."""
 
-    def __init__(self, base_url, model, api_key_env="OPENAI_API_KEY", *, max_tokens=256, cache_dir=None,
-                 concurrency=8, image_size=128, timeout=120.0, max_retries=5):
+    def __init__(
+        self,
+        base_url,
+        model,
+        api_key_env="OPENAI_API_KEY",
+        *,
+        max_tokens=256,
+        cache_dir=None,
+        concurrency=8,
+        image_size=128,
+        timeout=120.0,
+        max_retries=5,
+    ):
         if not base_url.startswith(("http://", "https://")) or not model:
-            raise ValueError(f"endpoint {base_url!r} model {model!r}: want openai:http(s)://host/v1#model")
-        self.name, self.base_url, self.model, self.api_key_env = f"{model}@{base_url}", base_url, model, api_key_env
+            raise ValueError(
+                f"endpoint {base_url!r} model {model!r}: want openai:http(s)://host/v1#model"
+            )
+        self.name, self.base_url, self.model, self.api_key_env = (
+            f"{model}@{base_url}",
+            base_url,
+            model,
+            api_key_env,
+        )
         self.max_tokens, self.image_size = max_tokens, image_size
-        self.client_args = dict(api_key=os.environ.get(api_key_env) if api_key_env else None, concurrency=concurrency,
-                                timeout=timeout, max_retries=max_retries, cache_dir=cache_dir)
+        self.client_args = dict(
+            api_key=os.environ.get(api_key_env) if api_key_env else None,
+            concurrency=concurrency,
+            timeout=timeout,
+            max_retries=max_retries,
+            cache_dir=cache_dir,
+        )
 
     def _image(self, image):
         from mocojax import processing
@@ -109,8 +146,14 @@ class EndpointGenerator:
     def complete(self, prompts, images):
         from mocojax import endpoint
 
-        bodies = [{"messages": [endpoint.user_message(p, [] if i is None else [self._image(i)])],
-                   "temperature": 0, "max_tokens": self.max_tokens} for p, i in zip(prompts, images)]
+        bodies = [
+            {
+                "messages": [endpoint.user_message(p, [] if i is None else [self._image(i)])],
+                "temperature": 0,
+                "max_tokens": self.max_tokens,
+            }
+            for p, i in zip(prompts, images)
+        ]
         with endpoint.EndpointClient(self.base_url, self.model, **self.client_args) as client:
             return endpoint.texts(client.chat_many(bodies, desc=self.name))
 
@@ -131,20 +174,28 @@ class ModelJudge:
         return [image_of(r) if self.sees_image else None for r in records]
 
     def compare(self, records, pairs):
-        return self.generator.complete([pairwise_prompt(a, b) for a, b in pairs], self._images(records))
+        return self.generator.complete(
+            [pairwise_prompt(a, b) for a, b in pairs], self._images(records)
+        )
 
     def rank(self, records, caption_lists):
-        return self.generator.complete([rank_prompt(c) for c in caption_lists], self._images(records))
+        return self.generator.complete(
+            [rank_prompt(c) for c in caption_lists], self._images(records)
+        )
 
     def read(self, records, captions, questions):
-        prompts = [reader_prompt(c, [q["question"] for q in qs]) for c, qs in zip(captions, questions)]
+        prompts = [
+            reader_prompt(c, [q["question"] for q in qs]) for c, qs in zip(captions, questions)
+        ]
         return self.generator.complete(prompts, [None] * len(prompts))
 
 
 def _scene(record):
     if "scene" not in record:
-        raise ValueError(f"record {record.get('id')!r}: the oracle judge needs toy-world scenes "
-                         "(config.data.source='toyworld'); use a model judge for other images")
+        raise ValueError(
+            f"record {record.get('id')!r}: the oracle judge needs toy-world scenes "
+            "(config.data.source='toyworld'); use a model judge for other images"
+        )
     return record["scene"]
 
 
@@ -184,7 +235,9 @@ class OracleJudge:
         texts = []
         for caption, qs in zip(captions, questions):
             mentions, _ = tw.parse_caption(caption)
-            texts.append("\n".join(f"{k} | {oracle_answer(mentions, q)}" for k, q in enumerate(qs, 1)))
+            texts.append(
+                "\n".join(f"{k} | {oracle_answer(mentions, q)}" for k, q in enumerate(qs, 1))
+            )
         return texts
 
 

@@ -54,7 +54,9 @@ def parse_ranking(text, k):
         return None, set(), problems + ["no ranking found"]
     missing = [i for i in range(k) if i not in seen]
     if missing:
-        problems.append(f"captions {[i + 1 for i in missing]} not ranked: they share the last places")
+        problems.append(
+            f"captions {[i + 1 for i in missing]} not ranked: they share the last places"
+        )
         groups.append(missing)
     ranks, place = [0.0] * k, 1
     for group in groups:
@@ -102,11 +104,22 @@ def blind_rank(records, method_captions, judge, *, seed=0):
             first[name] += 1 / len(top) if pos in top else 0.0
             flagged[name] += pos in shown_flagged
     ranked = len(ranks[names[0]])
-    methods = {n: {"mean_rank": float(np.mean(ranks[n])) if ranked else float("nan"),
-                   "first_place_share": first[n] / ranked if ranked else float("nan"),
-                   "hallucination_penalty": flagged[n] / ranked if ranked else float("nan")}
-               for n in names}
-    return {"methods": methods, "images": ranked, "unparseable": unparseable, "skipped_missing_caption": skipped,
-            "judge": getattr(judge, "name", type(judge).__name__),
-            "examples": [{"id": r.get("id"), "shown_order": [names[m] for m in o], "ranking": t}
-                         for r, o, t in zip(kept[:3], orders, texts)]}
+    methods = {
+        n: {
+            "mean_rank": float(np.mean(ranks[n])) if ranked else float("nan"),
+            "first_place_share": first[n] / ranked if ranked else float("nan"),
+            "hallucination_penalty": flagged[n] / ranked if ranked else float("nan"),
+        }
+        for n in names
+    }
+    return {
+        "methods": methods,
+        "images": ranked,
+        "unparseable": unparseable,
+        "skipped_missing_caption": skipped,
+        "judge": getattr(judge, "name", type(judge).__name__),
+        "examples": [
+            {"id": r.get("id"), "shown_order": [names[m] for m in o], "ranking": t}
+            for r, o, t in zip(kept[:3], orders, texts)
+        ],
+    }

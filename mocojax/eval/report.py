@@ -20,9 +20,13 @@ import numpy as np
 
 from mocojax.data import toyworld as tw
 
-PLOTS = (("reward_mean", "mean rubric reward"), ("true/caption_f1", "true caption F1"),
-         ("zero_variance_frac", "zero-variance group fraction"),
-         ("true/reward_f1_corr_within", "within-group r(reward, F1)"), ("tracking_error", "tracking error"))
+PLOTS = (
+    ("reward_mean", "mean rubric reward"),
+    ("true/caption_f1", "true caption F1"),
+    ("zero_variance_frac", "zero-variance group fraction"),
+    ("true/reward_f1_corr_within", "within-group r(reward, F1)"),
+    ("tracking_error", "tracking error"),
+)
 _TOY_ID = re.compile(r"^toy(\d+)-(\d+)$")
 _REQUIRED = ("step", "image_id", "captions", "rewards")
 
@@ -54,9 +58,15 @@ def load_samples(workdir):
     """Returns (usable rl_samples.jsonl rows, number skipped: not JSON or missing a field)."""
     path = os.path.join(workdir, "rl_samples.jsonl")
     if not os.path.isfile(path):
-        raise ReportError(f"{path}: no such file (an RL run writes it; config.rl.sample_every controls it)")
+        raise ReportError(
+            f"{path}: no such file (an RL run writes it; config.rl.sample_every controls it)"
+        )
     rows, skipped = read_jsonl(path)
-    good = [r for r in rows if all(k in r for k in _REQUIRED) and len(r["captions"]) == len(r["rewards"])]
+    good = [
+        r
+        for r in rows
+        if all(k in r for k in _REQUIRED) and len(r["captions"]) == len(r["rewards"])
+    ]
     return good, skipped + len(rows) - len(good)
 
 
@@ -86,6 +96,7 @@ def group_image(image_id, images, size=128):
     if not path:
         return None, "no image path for this id (pass --records)"
     from mocojax import processing
+
     try:
         image = processing.load_image(path)
     except (OSError, ValueError) as e:
@@ -118,12 +129,14 @@ def svg_plot(title, points, width=300, height=170):
     py = pad_t + (y1 - values) / (y1 - y0) * (height - pad_t - pad_b)
     line = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(px, py))
     bottom, right = height - pad_b, width - pad_r
-    return (f'{head}{frame}<rect x="{pad_l}" y="{pad_t}" width="{right - pad_l}" height="{bottom - pad_t}" '
-            f'fill="none" stroke="#bbb"/><polyline points="{line}" fill="none" stroke="#1f5fbf" stroke-width="1.5"/>'
-            f'<text x="{pad_l - 3}" y="{pad_t + 9}" text-anchor="end" font-size="10">{y1:.3g}</text>'
-            f'<text x="{pad_l - 3}" y="{bottom}" text-anchor="end" font-size="10">{y0:.3g}</text>'
-            f'<text x="{pad_l}" y="{height - 8}" font-size="10">step {x0:g}</text>'
-            f'<text x="{right}" y="{height - 8}" text-anchor="end" font-size="10">{x1:g}</text></svg>')
+    return (
+        f'{head}{frame}<rect x="{pad_l}" y="{pad_t}" width="{right - pad_l}" height="{bottom - pad_t}" '
+        f'fill="none" stroke="#bbb"/><polyline points="{line}" fill="none" stroke="#1f5fbf" stroke-width="1.5"/>'
+        f'<text x="{pad_l - 3}" y="{pad_t + 9}" text-anchor="end" font-size="10">{y1:.3g}</text>'
+        f'<text x="{pad_l - 3}" y="{bottom}" text-anchor="end" font-size="10">{y0:.3g}</text>'
+        f'<text x="{pad_l}" y="{height - 8}" font-size="10">step {x0:g}</text>'
+        f'<text x="{right}" y="{height - 8}" text-anchor="end" font-size="10">{x1:g}</text></svg>'
+    )
 
 
 def _fmt(value, spec=".3f"):
@@ -152,31 +165,45 @@ def group_html(index, row, images):
     rubric = row.get("rubric") or []
     item_true = truth.get("item_true") or [None] * len(rubric)
     image, note = group_image(row["image_id"], images)
-    picture = (f'<img src="data:image/png;base64,{png_base64(image)}" width="{image.width}" height="{image.height}" '
-               f'alt="{html.escape(str(row["image_id"]))}">' if image else f'<div class="noimg">{html.escape(note)}</div>')
+    picture = (
+        f'<img src="data:image/png;base64,{png_base64(image)}" width="{image.width}" height="{image.height}" '
+        f'alt="{html.escape(str(row["image_id"]))}">'
+        if image
+        else f'<div class="noimg">{html.escape(note)}</div>'
+    )
     order = sorted(range(n), key=lambda k: -row["rewards"][k])
     head = "".join(f"<th>{k}</th>" for k in range(1, len(rubric) + 1))
     lines = []
     for k in order:
         caption = row["captions"][k]
-        cells = "".join(_decision_cell(v, r) for v, r in zip(decisions[k] if k < len(decisions) else [],
-                                                             right[k] if k < len(right) else []))
-        lines.append(f'<tr><td>{_fmt(row["rewards"][k])}</td><td>{_fmt(f1[k])}</td><td>{_fmt(halluc[k], "d")}</td>'
-                     f'<td class="cap">{html.escape(caption) if caption.strip() else "<i>(empty caption)</i>"}</td>'
-                     f"{cells}</tr>")
-    items = "".join(f'<tr class="{_truth_word(t)}"><td>{k}</td><td>{html.escape(str(i.get("criterion", "")))}</td>'
-                    f'<td>{html.escape(str(i.get("check", "")))}</td><td>{_fmt(i.get("weight"), "g")}</td>'
-                    f"<td>{_truth_word(t)}</td></tr>"
-                    for k, (i, t) in enumerate(zip(rubric, item_true), 1))
+        cells = "".join(
+            _decision_cell(v, r)
+            for v, r in zip(
+                decisions[k] if k < len(decisions) else [], right[k] if k < len(right) else []
+            )
+        )
+        lines.append(
+            f"<tr><td>{_fmt(row['rewards'][k])}</td><td>{_fmt(f1[k])}</td><td>{_fmt(halluc[k], 'd')}</td>"
+            f'<td class="cap">{html.escape(caption) if caption.strip() else "<i>(empty caption)</i>"}</td>'
+            f"{cells}</tr>"
+        )
+    items = "".join(
+        f'<tr class="{_truth_word(t)}"><td>{k}</td><td>{html.escape(str(i.get("criterion", "")))}</td>'
+        f"<td>{html.escape(str(i.get('check', '')))}</td><td>{_fmt(i.get('weight'), 'g')}</td>"
+        f"<td>{_truth_word(t)}</td></tr>"
+        for k, (i, t) in enumerate(zip(rubric, item_true), 1)
+    )
     problems = row.get("generator_problems") or []
     signal = "yes" if row.get("has_signal") else "no (all rewards equal)"
-    return (f'<section class="group" id="group-{index}"><h2>group {index + 1} · step {row["step"]} · '
-            f'{html.escape(str(row["image_id"]))} · signal: {signal}</h2><div class="row">{picture}'
-            f'<div><table class="caps"><tr><th>reward</th><th>true F1</th><th>halluc.</th><th>caption (by reward)</th>'
-            f'{head}</tr>{"".join(lines)}</table>'
-            f'<table class="rubric"><tr><th>#</th><th>criterion</th><th>check</th><th>weight</th><th>truth</th></tr>'
-            f'{items or "<tr><td colspan=5><i>no rubric items parsed</i></td></tr>"}</table>'
-            f'<p class="small">{len(problems)} generator parse problems</p></div></div></section>')
+    return (
+        f'<section class="group" id="group-{index}"><h2>group {index + 1} · step {row["step"]} · '
+        f'{html.escape(str(row["image_id"]))} · signal: {signal}</h2><div class="row">{picture}'
+        f'<div><table class="caps"><tr><th>reward</th><th>true F1</th><th>halluc.</th><th>caption (by reward)</th>'
+        f"{head}</tr>{''.join(lines)}</table>"
+        f'<table class="rubric"><tr><th>#</th><th>criterion</th><th>check</th><th>weight</th><th>truth</th></tr>'
+        f"{items or '<tr><td colspan=5><i>no rubric items parsed</i></td></tr>'}</table>"
+        f'<p class="small">{len(problems)} generator parse problems</p></div></div></section>'
+    )
 
 
 _STYLE = """body{font-family:sans-serif;margin:16px;color:#222}h1{font-size:20px}h2{font-size:15px;margin:4px 0}
@@ -187,9 +214,11 @@ td,th{border:1px solid #ddd;padding:2px 5px;vertical-align:top}.cap{max-width:56
 tr.true td:last-child{color:#17702a}tr.false td:last-child{color:#b02020}tr.unreadable td:last-child{color:#888}
 .small{font-size:11px;color:#666}.noimg{width:128px;height:128px;background:#eee;font-size:11px}"""
 # Sets body[data-images-ok] to "decoded/total" once loaded: the headless render test reads it.
-_SCRIPT = ("<script>window.addEventListener('load',function(){var a=Array.prototype.slice.call(document.images);"
-           "document.body.setAttribute('data-images-ok',a.filter(function(i){return i.complete&&i.naturalWidth>0})"
-           ".length+'/'+a.length)})</script>")
+_SCRIPT = (
+    "<script>window.addEventListener('load',function(){var a=Array.prototype.slice.call(document.images);"
+    "document.body.setAttribute('data-images-ok',a.filter(function(i){return i.complete&&i.naturalWidth>0})"
+    ".length+'/'+a.length)})</script>"
+)
 
 
 def build_html(workdir, *, images=None, max_groups=0):
@@ -201,10 +230,12 @@ def build_html(workdir, *, images=None, max_groups=0):
     sections = [group_html(k, row, images or {}) for k, row in enumerate(rows)]
     missing = sum('class="noimg"' in s for s in sections)
     title = f"rollout report: {html.escape(os.path.abspath(workdir))}"
-    page = (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{title}</title><style>{_STYLE}</style></head>'
-            f"<body><h1>{title}</h1><p class='small'>{len(rows)} logged groups; {skipped} unreadable rows skipped; "
-            "decisions: green right, red wrong, grey unknown (no toy-world truth)</p>"
-            f'<div class="plots">{plots}</div>{"".join(sections)}{_SCRIPT}</body></html>')
+    page = (
+        f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{title}</title><style>{_STYLE}</style></head>'
+        f"<body><h1>{title}</h1><p class='small'>{len(rows)} logged groups; {skipped} unreadable rows skipped; "
+        "decisions: green right, red wrong, grey unknown (no toy-world truth)</p>"
+        f'<div class="plots">{plots}</div>{"".join(sections)}{_SCRIPT}</body></html>'
+    )
     return page, {"groups": len(rows), "skipped_rows": skipped, "images_missing": missing}
 
 
@@ -221,13 +252,28 @@ def write_tensorboard(workdir, log_dir, *, images=None, max_groups=0):
             per_step[row["step"]] += 1
             image, _ = group_image(row["image_id"], images or {})
             if image is not None:
-                writer.add_image(f"rollouts/group{slot}", np.asarray(image.convert("RGB")), row["step"],
-                                 dataformats="HWC")
+                writer.add_image(
+                    f"rollouts/group{slot}",
+                    np.asarray(image.convert("RGB")),
+                    row["step"],
+                    dataformats="HWC",
+                )
             f1 = (row.get("truth") or {}).get("f1") or [None] * len(row["captions"])
             lines = ["| reward | true F1 | caption |", "|---|---|---|"]
-            lines += [f"| {row['rewards'][k]:.3f} | {_fmt(f1[k])} | {row['captions'][k].replace('|', '/')} |"
-                      for k in sorted(range(len(row["captions"])), key=lambda k: -row["rewards"][k])]
-            lines += ["", "rubric: " + "; ".join(f"{i.get('criterion')} (w {i.get('weight')})"
-                                                for i in row.get("rubric") or [])]
-            writer.add_text(f"rollouts/group{slot}", f"**{row['image_id']}**\n\n" + "\n".join(lines), row["step"])
+            lines += [
+                f"| {row['rewards'][k]:.3f} | {_fmt(f1[k])} | {row['captions'][k].replace('|', '/')} |"
+                for k in sorted(range(len(row["captions"])), key=lambda k: -row["rewards"][k])
+            ]
+            lines += [
+                "",
+                "rubric: "
+                + "; ".join(
+                    f"{i.get('criterion')} (w {i.get('weight')})" for i in row.get("rubric") or []
+                ),
+            ]
+            writer.add_text(
+                f"rollouts/group{slot}",
+                f"**{row['image_id']}**\n\n" + "\n".join(lines),
+                row["step"],
+            )
     return len(rows)

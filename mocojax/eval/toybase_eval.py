@@ -12,16 +12,19 @@ import numpy as np
 from mocojax.data import toybase
 from mocojax.eval import toyworld_eval
 
-
 # The base's own mix, plus one multi-item names question per scene (last in the task order,
 # so the other tasks' held-out records are the same with or without it).
 EVAL_TASK_MIX = dict(toybase.DEFAULT_TASK_MIX, check=1)
 
 
-def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max_new_tokens, image_size):
+def evaluate(
+    cfg, params, processor, *, seed, start, num_scenes, batch_size, max_new_tokens, image_size
+):
     """Returns {"base/<task>": score, "base/<task>_fixed_answer": baseline, ...} on held-out scenes."""
     records = toybase.base_records(seed, num_scenes, start, task_mix=EVAL_TASK_MIX)
-    outputs = toyworld_eval.generate_texts(cfg, params, processor, records, batch_size, max_new_tokens, image_size)
+    outputs = toyworld_eval.generate_texts(
+        cfg, params, processor, records, batch_size, max_new_tokens, image_size
+    )
     result, examples = {}, {}
     for task in toybase.TASKS:
         pairs = [(r, o) for r, o in zip(records, outputs) if r["task"] == task]
@@ -30,16 +33,35 @@ def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max
         result[f"base/{task}"] = float(np.mean([toybase.score(r, o) for r, o in pairs]))
         if task == "caption":
             # Image-blind baseline: the reference caption of another held-out scene.
-            shifted = [(r, pairs[(k + 1) % len(pairs)][0]["target"]) for k, (r, _) in enumerate(pairs)]
+            shifted = [
+                (r, pairs[(k + 1) % len(pairs)][0]["target"]) for k, (r, _) in enumerate(pairs)
+            ]
             result["base/caption_blind"] = float(np.mean([toybase.score(r, o) for r, o in shifted]))
         elif task == "check":  # the better of answering every item "yes" or every item "no"
             result["base/check_fixed_answer"] = max(
-                float(np.mean([toybase.score(r, "\n".join(f"{j} | {a}" for j in range(1, toybase.CHECK_ITEMS[1] + 1)))
-                               for r, _ in pairs])) for a in ("yes", "no"))
+                float(
+                    np.mean(
+                        [
+                            toybase.score(
+                                r,
+                                "\n".join(
+                                    f"{j} | {a}" for j in range(1, toybase.CHECK_ITEMS[1] + 1)
+                                ),
+                            )
+                            for r, _ in pairs
+                        ]
+                    )
+                )
+                for a in ("yes", "no")
+            )
         else:
             fixed, _ = collections.Counter(r["target"] for r, _ in pairs).most_common(1)[0]
-            result[f"base/{task}_fixed_answer"] = float(np.mean([toybase.score(r, fixed) for r, _ in pairs]))
-        examples[task] = [{"prompt": r["prompt"], "target": r["target"], "output": o} for r, o in pairs[:2]]
+            result[f"base/{task}_fixed_answer"] = float(
+                np.mean([toybase.score(r, fixed) for r, _ in pairs])
+            )
+        examples[task] = [
+            {"prompt": r["prompt"], "target": r["target"], "output": o} for r, o in pairs[:2]
+        ]
     result["num_scenes"] = num_scenes
     result["examples"] = examples
     return result

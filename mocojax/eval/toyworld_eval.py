@@ -13,9 +13,7 @@ Prompts are exactly the SFT records' prompts (`toyroles.scene_sft_records`) with
 import numpy as np
 
 from mocojax import distributed, roles, sampling
-from mocojax.data import records as records_lib
-from mocojax.data import toyroles
-from mocojax.data import toyworld as tw
+from mocojax.data import records as records_lib, toyroles, toyworld as tw
 
 EVAL_MIX = (1, 1, 2)  # Policy, Generator, Judge prompts per held-out scene
 
@@ -24,40 +22,72 @@ def generate_texts(cfg, params, processor, examples, batch_size, max_new_tokens,
     """Returns the greedy completion text of each example (prompt without its target)."""
     texts = []
     for i in range(0, len(examples), batch_size):
-        chunk = examples[i:i + batch_size]
-        conversations = [records_lib.conversation({k: v for k, v in e.items() if k != "target"},
-                                                  records_lib.example_image(e, image_size)) for e in chunk]
+        chunk = examples[i : i + batch_size]
+        conversations = [
+            records_lib.conversation(
+                {k: v for k, v in e.items() if k != "target"},
+                records_lib.example_image(e, image_size),
+            )
+            for e in chunk
+        ]
         batch = processor(conversations, mode="generate")
-        out = sampling.generate(cfg, params, batch["input_ids"], batch["attention_mask"], batch["pixel_values"],
-                                batch["image_grid_thw"], max_new_tokens=max_new_tokens,
-                                eos_token_ids=processor.eos_token_ids, pad_id=processor.pad_token_id)
+        out = sampling.generate(
+            cfg,
+            params,
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["pixel_values"],
+            batch["image_grid_thw"],
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=processor.eos_token_ids,
+            pad_id=processor.pad_token_id,
+        )
         out = distributed.fetch(out)  # every process, when the params span several
         tokens, lengths = out.tokens, out.lengths
-        texts += [processor.tokenizer.decode(row[:n], skip_special_tokens=True) for row, n in zip(tokens, lengths)]
+        texts += [
+            processor.tokenizer.decode(row[:n], skip_special_tokens=True)
+            for row, n in zip(tokens, lengths)
+        ]
     return texts
 
 
 def held_out_kwargs(config):
     """Returns the keyword arguments of `evaluate` (and toybase_eval.evaluate) that score an
     experiment config's held-out scenes: the ones after its training scenes."""
-    return dict(seed=config.data.seed, start=config.data.num_train_scenes, num_scenes=config.eval.num_scenes,
-                batch_size=config.eval.batch_size, max_new_tokens=config.eval.max_new_tokens,
-                image_size=config.data.image_size)
+    return dict(
+        seed=config.data.seed,
+        start=config.data.num_train_scenes,
+        num_scenes=config.eval.num_scenes,
+        batch_size=config.eval.batch_size,
+        max_new_tokens=config.eval.max_new_tokens,
+        image_size=config.data.image_size,
+    )
 
 
-def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max_new_tokens, image_size=128):
+def evaluate(
+    cfg, params, processor, *, seed, start, num_scenes, batch_size, max_new_tokens, image_size=128
+):
     """Returns toy-world quality metrics of params on scenes start..start+num_scenes-1 (seed `seed`)."""
     scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}
     examples = [r for s in scenes.values() for r in toyroles.scene_sft_records(s, seed, EVAL_MIX)]
     by_role = {role: [e for e in examples if e["role"] == role] for role in records_lib.ROLES}
-    outputs = {role: generate_texts(cfg, params, processor, by_role[role], batch_size, max_new_tokens, image_size)
-               for role in records_lib.ROLES}
+    outputs = {
+        role: generate_texts(
+            cfg, params, processor, by_role[role], batch_size, max_new_tokens, image_size
+        )
+        for role in records_lib.ROLES
+    }
 
-    policy = [tw.caption_metrics(scenes[e["scene_id"]], text) for e, text in zip(by_role["policy"], outputs["policy"])]
+    policy = [
+        tw.caption_metrics(scenes[e["scene_id"]], text)
+        for e, text in zip(by_role["policy"], outputs["policy"])
+    ]
     # Image-blind baseline: each scene captioned with the next held-out scene's reference.
     order = list(scenes.values())
-    blind = [tw.caption_metrics(scene, tw.reference_captions(order[(k + 1) % len(order)], seed)[0])["f1"]
-             for k, scene in enumerate(order)]
+    blind = [
+        tw.caption_metrics(scene, tw.reference_captions(order[(k + 1) % len(order)], seed)[0])["f1"]
+        for k, scene in enumerate(order)
+    ]
     truth, truth_other, unreadable_items, num_items = [], [], 0, []
     for e, text in zip(by_role["generator"], outputs["generator"]):
         items, _ = roles.parse_rubric(text)
@@ -68,7 +98,9 @@ def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max
     # Baseline: a rubric written for another scene (the next one's target rubric), read on this one.
     generator_examples = by_role["generator"]
     for k, e in enumerate(generator_examples):
-        other_items, _ = roles.parse_rubric(generator_examples[(k + 1) % len(generator_examples)]["target"])
+        other_items, _ = roles.parse_rubric(
+            generator_examples[(k + 1) % len(generator_examples)]["target"]
+        )
         truth_other.append(toyroles.rubric_truth_rate(scenes[e["scene_id"]], other_items)[0])
     confusion, accuracy, always_1, by_kind = _judge_scores(by_role["judge"], outputs["judge"])
     said = confusion["tp"] + confusion["fp"]
@@ -92,13 +124,23 @@ def evaluate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max
         "judge/said_1_rate": float(said / max(decided, 1)),
         "judge/true_1_rate": float((confusion["tp"] + confusion["fn"]) / max(decided, 1)),
         # Per item kind (present / absent / attribute / background): which lookups the Judge has.
-        **{f"judge/balanced_accuracy_{kind}": float(toyroles.balanced_accuracy(counts))
-           for kind, counts in sorted(by_kind.items()) if kind != "unreadable"},
-        **{f"judge/items_{kind}": int(sum(counts.values())) for kind, counts in sorted(by_kind.items())},
+        **{
+            f"judge/balanced_accuracy_{kind}": float(toyroles.balanced_accuracy(counts))
+            for kind, counts in sorted(by_kind.items())
+            if kind != "unreadable"
+        },
+        **{
+            f"judge/items_{kind}": int(sum(counts.values()))
+            for kind, counts in sorted(by_kind.items())
+        },
         "num_scenes": num_scenes,
-        "examples": {role: [{"prompt_id": e["id"], "output": text}
-                            for e, text in zip(by_role[role][:3], outputs[role][:3])]
-                     for role in records_lib.ROLES},
+        "examples": {
+            role: [
+                {"prompt_id": e["id"], "output": text}
+                for e, text in zip(by_role[role][:3], outputs[role][:3])
+            ]
+            for role in records_lib.ROLES
+        },
     }
     return result
 
@@ -112,7 +154,9 @@ def _judge_scores(examples, outputs):
         decisions, _ = roles.parse_decisions(text, len(rubric))
         accuracy.append(toyroles.judge_accuracy(rubric, e["caption"], decisions)[0])
         always_1.append(toyroles.judge_accuracy(rubric, e["caption"], [1] * len(rubric))[0])
-        for kind, counts in toyroles.judge_confusion(rubric, e["caption"], decisions, by_kind=True).items():
+        for kind, counts in toyroles.judge_confusion(
+            rubric, e["caption"], decisions, by_kind=True
+        ).items():
             for key, count in counts.items():
                 by_kind.setdefault(kind, dict.fromkeys(counts, 0))[key] += count
     return toyroles.pooled_confusion(by_kind), accuracy, always_1, by_kind
@@ -127,8 +171,11 @@ def within_kind_balanced_accuracy(by_kind):
     it. Kinds whose items are all met or all unmet are left out (no rate to balance); 0.5 when
     no kind has both.
     """
-    scores = [toyroles.balanced_accuracy(counts) for kind, counts in sorted(by_kind.items())
-              if kind != "unreadable" and counts["tp"] + counts["fn"] and counts["tn"] + counts["fp"]]
+    scores = [
+        toyroles.balanced_accuracy(counts)
+        for kind, counts in sorted(by_kind.items())
+        if kind != "unreadable" and counts["tp"] + counts["fn"] and counts["tn"] + counts["fp"]
+    ]
     return float(np.mean(scores)) if scores else 0.5
 
 
@@ -136,19 +183,31 @@ def judge_gate(cfg, params, processor, *, seed, start, num_scenes, batch_size, m
     """Returns the Judge's {"balanced_accuracy_within_kind", "balanced_accuracy", "accuracy",
     "accuracy_always_1", "num_items"}
     on held-out RL-like captions (the Judge records of scenes start..start+num_scenes-1)."""
-    examples = [r for s in tw.make_scenes(seed, num_scenes, start)
-                for r in toyroles.scene_sft_records(s, seed, (0, 0, 2))]
-    outputs = generate_texts(cfg, params, processor, examples, batch_size, max_new_tokens, image_size=0)
+    examples = [
+        r
+        for s in tw.make_scenes(seed, num_scenes, start)
+        for r in toyroles.scene_sft_records(s, seed, (0, 0, 2))
+    ]
+    outputs = generate_texts(
+        cfg, params, processor, examples, batch_size, max_new_tokens, image_size=0
+    )
     confusion, _, always_1, by_kind = _judge_scores(examples, outputs)
     decided = sum(confusion[k] for k in ("tp", "fn", "tn", "fp"))
-    return {"balanced_accuracy_within_kind": within_kind_balanced_accuracy(by_kind),
-            "balanced_accuracy": float(toyroles.balanced_accuracy(confusion)),
-            "accuracy": (confusion["tp"] + confusion["tn"]) / max(decided, 1),
-            "accuracy_always_1": float(np.mean(always_1)), "num_items": decided}
+    return {
+        "balanced_accuracy_within_kind": within_kind_balanced_accuracy(by_kind),
+        "balanced_accuracy": float(toyroles.balanced_accuracy(confusion)),
+        "accuracy": (confusion["tp"] + confusion["tn"]) / max(decided, 1),
+        "accuracy_always_1": float(np.mean(always_1)),
+        "num_items": decided,
+    }
 
 
 def format_table(result):
     """Returns the scalar metrics of `evaluate` as an aligned two-column table."""
-    rows = [(k, f"{v:.4g}" if isinstance(v, float) else str(v)) for k, v in result.items() if k != "examples"]
+    rows = [
+        (k, f"{v:.4g}" if isinstance(v, float) else str(v))
+        for k, v in result.items()
+        if k != "examples"
+    ]
     width = max(len(k) for k, _ in rows)
     return "== toy-world eval ==\n" + "\n".join(f"{k.ljust(width)} | {v}" for k, v in rows)

@@ -18,11 +18,25 @@ from mocojax.data import toyworld as tw
 NOT_GIVEN = "not given"
 G2P = {"right": 1.0, "not_given": -0.5, "wrong": -1.0}
 KINDS = ("count", "colour", "size", "place", "presence")
-_NUMBERS = {w: str(k) for k, w in enumerate(
-    ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"))}
+_NUMBERS = {
+    w: str(k)
+    for k, w in enumerate(
+        ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+    )
+}
 _YES, _NO = {"yes", "y", "true", "present"}, {"no", "n", "false", "absent", "none"}
-_NOT_GIVEN_PHRASES = ("not given", "notgiven", "not stated", "not mentioned", "not said", "unknown", "n/a",
-                      "cannot tell", "can't tell", "not specified")
+_NOT_GIVEN_PHRASES = (
+    "not given",
+    "notgiven",
+    "not stated",
+    "not mentioned",
+    "not said",
+    "unknown",
+    "n/a",
+    "cannot tell",
+    "can't tell",
+    "not specified",
+)
 _LINE = re.compile(r"^\s*+(?:q\s*+)?(\d{1,9})\s*+[|.):]\s*+(.*)$", re.I)
 MAX_ANSWER_CHARS = 20_000
 
@@ -34,23 +48,51 @@ def _where(position):
 def scene_questions(scene):
     """Returns the questions of a scene: dicts {kind, question, answer, object} (exact answers)."""
     rng = np.random.default_rng([7, *map(ord, scene.id)])
-    questions = [{"kind": "count", "question": "How many objects are there?", "answer": str(len(scene.objects))}]
+    questions = [
+        {
+            "kind": "count",
+            "question": "How many objects are there?",
+            "answer": str(len(scene.objects)),
+        }
+    ]
     for obj in scene.objects:
         ref = {"shape": obj.shape, "colour": obj.colour, "position": obj.position}
         questions += [
-            {"kind": "colour", "question": f"What colour is the {obj.shape} {_where(obj.position)}?",
-             "answer": obj.colour, "object": ref},
-            {"kind": "size", "question": f"What size is the {obj.colour} {obj.shape}?", "answer": obj.size,
-             "object": ref},
-            {"kind": "place", "question": f"Where is the {obj.colour} {obj.shape}?", "answer": obj.position,
-             "object": ref}]
+            {
+                "kind": "colour",
+                "question": f"What colour is the {obj.shape} {_where(obj.position)}?",
+                "answer": obj.colour,
+                "object": ref,
+            },
+            {
+                "kind": "size",
+                "question": f"What size is the {obj.colour} {obj.shape}?",
+                "answer": obj.size,
+                "object": ref,
+            },
+            {
+                "kind": "place",
+                "question": f"Where is the {obj.colour} {obj.shape}?",
+                "answer": obj.position,
+                "object": ref,
+            },
+        ]
     present = scene.objects[int(rng.integers(len(scene.objects)))]
     used = {(o.shape, o.colour) for o in scene.objects}
     free = [(s, c) for s in tw.SHAPES for c in tw.COLOURS if (s, c) not in used]
     shape, colour = free[int(rng.integers(len(free)))]
-    for (shape_, colour_), answer in (((present.shape, present.colour), "yes"), ((shape, colour), "no")):
-        questions.append({"kind": "presence", "question": f"Is there a {colour_} {shape_}?", "answer": answer,
-                          "object": {"shape": shape_, "colour": colour_}})
+    for (shape_, colour_), answer in (
+        ((present.shape, present.colour), "yes"),
+        ((shape, colour), "no"),
+    ):
+        questions.append(
+            {
+                "kind": "presence",
+                "question": f"Is there a {colour_} {shape_}?",
+                "answer": answer,
+                "object": {"shape": shape_, "colour": colour_},
+            }
+        )
     return questions
 
 
@@ -112,7 +154,9 @@ def caption_vqa(records, captions, reader):
     kept = [(r, c) for r, c in zip(records, captions) if c is not None]
     for record, _ in kept:
         if "scene" not in record:
-            raise ValueError(f"record {record.get('id')!r}: caption VQA questions come from toy-world scenes")
+            raise ValueError(
+                f"record {record.get('id')!r}: caption VQA questions come from toy-world scenes"
+            )
     questions = [scene_questions(r["scene"]) for r, _ in kept]
     texts = reader.read([r for r, _ in kept], [c for _, c in kept], questions) if kept else []
     counts = {"right": 0, "not_given": 0, "wrong": 0, "unreadable": 0}
@@ -124,14 +168,23 @@ def caption_vqa(records, captions, reader):
             by_kind[question["kind"]][0] += outcome == "right"
             by_kind[question["kind"]][1] += 1
     asked = sum(counts.values())
-    score = (G2P["right"] * counts["right"] + G2P["not_given"] * counts["not_given"]
-             + G2P["wrong"] * (counts["wrong"] + counts["unreadable"]))
-    return {"accuracy": counts["right"] / asked if asked else float("nan"),
-            "g2p": score / asked if asked else float("nan"),
-            "not_given_rate": counts["not_given"] / asked if asked else float("nan"),
-            **counts, "questions": asked, "images": len(kept),
-            "skipped_no_caption": len(records) - len(kept),
-            "accuracy_by_kind": {k: r / n if n else float("nan") for k, (r, n) in by_kind.items()},
-            "reader": getattr(reader, "name", type(reader).__name__),
-            "examples": [{"id": r.get("id"), "questions": [q["question"] for q in qs[:4]], "answers": t}
-                         for (r, _), qs, t in zip(kept[:2], questions, texts)]}
+    score = (
+        G2P["right"] * counts["right"]
+        + G2P["not_given"] * counts["not_given"]
+        + G2P["wrong"] * (counts["wrong"] + counts["unreadable"])
+    )
+    return {
+        "accuracy": counts["right"] / asked if asked else float("nan"),
+        "g2p": score / asked if asked else float("nan"),
+        "not_given_rate": counts["not_given"] / asked if asked else float("nan"),
+        **counts,
+        "questions": asked,
+        "images": len(kept),
+        "skipped_no_caption": len(records) - len(kept),
+        "accuracy_by_kind": {k: r / n if n else float("nan") for k, (r, n) in by_kind.items()},
+        "reader": getattr(reader, "name", type(reader).__name__),
+        "examples": [
+            {"id": r.get("id"), "questions": [q["question"] for q in qs[:4]], "answers": t}
+            for (r, _), qs, t in zip(kept[:2], questions, texts)
+        ],
+    }

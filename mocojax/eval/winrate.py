@@ -12,7 +12,9 @@ import re
 import numpy as np
 
 # Linear time: every alternative starts on a literal word and \s*+ never backtracks.
-_VERDICT = re.compile(r"caption\s*+#?([12])\b\s*+(?:is\s*+)?(?:the\s*+)?better|\b(tie)\b|\b(tied)\b", re.I)
+_VERDICT = re.compile(
+    r"caption\s*+#?([12])\b\s*+(?:is\s*+)?(?:the\s*+)?better|\b(tie)\b|\b(tied)\b", re.I
+)
 MAX_VERDICT_CHARS = 20_000  # a runaway judge output is read from its tail only
 
 
@@ -51,13 +53,17 @@ def win_rate(records, model_captions, baseline_captions, judge, *, seed=0, num_r
     and counted in "empty_captions".
     """
     if not len(records) == len(model_captions) == len(baseline_captions):
-        raise ValueError(f"{len(records)} records, {len(model_captions)} model and {len(baseline_captions)} "
-                         "baseline captions: align them with the records first (None where missing)")
+        raise ValueError(
+            f"{len(records)} records, {len(model_captions)} model and {len(baseline_captions)} "
+            "baseline captions: align them with the records first (None where missing)"
+        )
     pairs, kept, model_first = [], [], []
     for i, (record, ours, theirs) in enumerate(zip(records, model_captions, baseline_captions)):
         if ours is None or theirs is None:
             continue
-        first = bool(np.random.default_rng([seed, i]).integers(2))  # the model's caption shown first?
+        first = bool(
+            np.random.default_rng([seed, i]).integers(2)
+        )  # the model's caption shown first?
         pairs.append((ours, theirs) if first else (theirs, ours))
         kept.append(record)
         model_first.append(first)
@@ -81,15 +87,25 @@ def win_rate(records, model_captions, baseline_captions, judge, *, seed=0, num_r
     decisive = wins + losses
     return {
         "win_rate": float(np.mean(scores)) if scores else float("nan"),
-        "ci95_low": low, "ci95_high": high,
-        "wins": wins, "ties": ties, "losses": losses, "unparseable": unparseable,
+        "ci95_low": low,
+        "ci95_high": high,
+        "wins": wins,
+        "ties": ties,
+        "losses": losses,
+        "unparseable": unparseable,
         "pairs": len(pairs),
         "skipped_no_baseline": sum(c is None for c in baseline_captions),
         "empty_captions": sum(not c.strip() for pair in pairs for c in pair),
         "first_position_pick_rate": picked_first / decisive if decisive else float("nan"),
-        "mean_words_model": float(np.mean([words(c) for c in model_captions if c is not None] or [0])),
-        "mean_words_baseline": float(np.mean([words(c) for c in baseline_captions if c is not None] or [0])),
+        "mean_words_model": float(
+            np.mean([words(c) for c in model_captions if c is not None] or [0])
+        ),
+        "mean_words_baseline": float(
+            np.mean([words(c) for c in baseline_captions if c is not None] or [0])
+        ),
         "judge": getattr(judge, "name", type(judge).__name__),
-        "examples": [{"id": r.get("id"), "model_first": f, "verdict": t}
-                     for r, f, t in zip(kept[:3], model_first, verdict_texts)],
+        "examples": [
+            {"id": r.get("id"), "model_first": f, "verdict": t}
+            for r, f, t in zip(kept[:3], model_first, verdict_texts)
+        ],
     }

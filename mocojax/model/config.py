@@ -100,7 +100,9 @@ class ModelConfig:
         t, v = self.text, self.vision
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in _DTYPES:
-                raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; expected one of {_DTYPES}")
+                raise ValueError(
+                    f"ModelConfig.{name}={getattr(self, name)!r}; expected one of {_DTYPES}"
+                )
         if t.num_attention_heads % t.num_key_value_heads:
             raise ValueError(
                 f"text.num_attention_heads={t.num_attention_heads} is not a multiple of "
@@ -111,13 +113,23 @@ class ModelConfig:
                 f"text.mrope_section={t.mrope_section} must sum to head_dim/2={t.head_dim // 2}"
             )
         if v.hidden_size % v.num_heads or (v.hidden_size // v.num_heads) % 4:
-            raise ValueError(f"vision.hidden_size={v.hidden_size} must split into num_heads={v.num_heads} heads of a multiple of 4")
+            raise ValueError(
+                f"vision.hidden_size={v.hidden_size} must split into num_heads={v.num_heads} heads of a multiple of 4"
+            )
         if v.num_grid_per_side**2 != v.num_position_embeddings:
-            raise ValueError(f"vision.num_position_embeddings={v.num_position_embeddings} must be a square")
+            raise ValueError(
+                f"vision.num_position_embeddings={v.num_position_embeddings} must be a square"
+            )
         if v.out_hidden_size != t.hidden_size:
-            raise ValueError(f"vision.out_hidden_size={v.out_hidden_size} != text.hidden_size={t.hidden_size}")
-        if any(i < 0 or i >= v.depth for i in v.deepstack_visual_indexes) or list(v.deepstack_visual_indexes) != sorted(set(v.deepstack_visual_indexes)):
-            raise ValueError(f"vision.deepstack_visual_indexes={v.deepstack_visual_indexes} must be increasing layer indices < depth={v.depth}")
+            raise ValueError(
+                f"vision.out_hidden_size={v.out_hidden_size} != text.hidden_size={t.hidden_size}"
+            )
+        if any(i < 0 or i >= v.depth for i in v.deepstack_visual_indexes) or list(
+            v.deepstack_visual_indexes
+        ) != sorted(set(v.deepstack_visual_indexes)):
+            raise ValueError(
+                f"vision.deepstack_visual_indexes={v.deepstack_visual_indexes} must be increasing layer indices < depth={v.depth}"
+            )
         if len(v.deepstack_visual_indexes) > t.num_hidden_layers:
             raise ValueError("more DeepStack features than decoder layers")
 
@@ -137,7 +149,9 @@ class ModelConfig:
         td, vd = d.get("text_config") or {}, d.get("vision_config") or {}
         trope = td.get("rope_parameters") or td.get("rope_scaling") or {}
         if trope.get("rope_type", trope.get("type", "default")) != "default":
-            raise ValueError(f"unsupported text rope_type {trope.get('rope_type')!r}: only 'default' (MRoPE) is ported")
+            raise ValueError(
+                f"unsupported text rope_type {trope.get('rope_type')!r}: only 'default' (MRoPE) is ported"
+            )
         theta = trope.get("rope_theta", td.get("rope_theta", 5_000_000.0))
         vrope = vd.get("rope_parameters") or {}
         num_heads = td.get("num_attention_heads", 32)
@@ -175,7 +189,9 @@ class ModelConfig:
         )
         for name, act in (("text", text.hidden_act), ("vision", vision.hidden_act)):
             if act not in _ACTIVATIONS:
-                raise ValueError(f"unsupported {name} hidden_act {act!r}; supported: {sorted(_ACTIVATIONS)}")
+                raise ValueError(
+                    f"unsupported {name} hidden_act {act!r}; supported: {sorted(_ACTIVATIONS)}"
+                )
         # The tie flag sits at the top level in transformers 5 and inside text_config in some
         # published checkpoints; either one set means tied.
         tie = bool(d.get("tie_word_embeddings", False) or td.get("tie_word_embeddings", False))
@@ -266,21 +282,47 @@ def _preset(text: TextConfig, vision: VisionConfig, tie: bool) -> ModelConfig:
     return ModelConfig(text=text, vision=vision, tie_word_embeddings=tie)
 
 
-_VISION_SMALL = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, deepstack_visual_indexes=(5, 11, 17))
-_VISION_LARGE = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, deepstack_visual_indexes=(8, 16, 24))
+_VISION_SMALL = dict(
+    depth=24,
+    hidden_size=1024,
+    intermediate_size=4096,
+    num_heads=16,
+    deepstack_visual_indexes=(5, 11, 17),
+)
+_VISION_LARGE = dict(
+    depth=27,
+    hidden_size=1152,
+    intermediate_size=4304,
+    num_heads=16,
+    deepstack_visual_indexes=(8, 16, 24),
+)
 
 
 def _text(hidden, inter, layers, heads, kv=8) -> TextConfig:
-    return TextConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv, head_dim=128)
+    return TextConfig(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=128,
+    )
 
 
 PRESETS: dict[str, ModelConfig] = {
     # Published shapes of the Qwen/Qwen3-VL-*-Instruct checkpoints (config.json on the hub).
-    "2b": _preset(_text(2048, 6144, 28, 16), VisionConfig(out_hidden_size=2048, **_VISION_SMALL), True),
-    "4b": _preset(_text(2560, 9728, 36, 32), VisionConfig(out_hidden_size=2560, **_VISION_SMALL), True),
-    "8b": _preset(_text(4096, 12288, 36, 32), VisionConfig(out_hidden_size=4096, **_VISION_LARGE), False),
-    "32b": _preset(_text(5120, 25600, 64, 64), VisionConfig(out_hidden_size=5120, **_VISION_LARGE), False),
+    "2b": _preset(
+        _text(2048, 6144, 28, 16), VisionConfig(out_hidden_size=2048, **_VISION_SMALL), True
+    ),
+    "4b": _preset(
+        _text(2560, 9728, 36, 32), VisionConfig(out_hidden_size=2560, **_VISION_SMALL), True
+    ),
+    "8b": _preset(
+        _text(4096, 12288, 36, 32), VisionConfig(out_hidden_size=4096, **_VISION_LARGE), False
+    ),
+    "32b": _preset(
+        _text(5120, 25600, 64, 64), VisionConfig(out_hidden_size=5120, **_VISION_LARGE), False
+    ),
 }
 
 
@@ -316,18 +358,33 @@ def tiny(
     h = w = half // 4
     section = (half - h - w, h, w)
     text = TextConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        head_dim=head_dim, rope_theta=10000.0, mrope_section=section, max_position_embeddings=4096,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        rope_theta=10000.0,
+        mrope_section=section,
+        max_position_embeddings=4096,
     )
     vision = VisionConfig(
-        depth=vision_depth, hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
-        num_heads=2, out_hidden_size=hidden_size, num_position_embeddings=num_position_embeddings,
+        depth=vision_depth,
+        hidden_size=vision_hidden,
+        intermediate_size=2 * vision_hidden,
+        num_heads=2,
+        out_hidden_size=hidden_size,
+        num_position_embeddings=num_position_embeddings,
         deepstack_visual_indexes=tuple(deepstack),
     )
     return ModelConfig(
-        text=text, vision=vision, tie_word_embeddings=tie_word_embeddings,
-        image_token_id=image_token_id, video_token_id=video_token_id,
-        vision_start_token_id=vision_start_token_id, vision_end_token_id=vision_end_token_id,
+        text=text,
+        vision=vision,
+        tie_word_embeddings=tie_word_embeddings,
+        image_token_id=image_token_id,
+        video_token_id=video_token_id,
+        vision_start_token_id=vision_start_token_id,
+        vision_end_token_id=vision_end_token_id,
         **overrides,
     )

@@ -14,7 +14,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 
-def param(rngs: nnx.Rngs | None, shape, axes, dtype, *, init: str = "normal", std: float = 0.02) -> nnx.Param:
+def param(
+    rngs: nnx.Rngs | None, shape, axes, dtype, *, init: str = "normal", std: float = 0.02
+) -> nnx.Param:
     """Returns an nnx.Param of `shape` with logical axes `axes` (normal(std), zeros or ones init)."""
     if len(axes) != len(shape):
         raise ValueError(f"axes {axes} do not match shape {shape}")
@@ -85,7 +87,15 @@ class RMSNorm(nnx.Module):
         return self.scale[...].astype(self.dtype) * y.astype(self.dtype)
 
 
-def scan_layers(layers: nnx.Module, carry, fn, xs=None, start: int = 0, stop: int | None = None, remat: bool = False):
+def scan_layers(
+    layers: nnx.Module,
+    carry,
+    fn,
+    xs=None,
+    start: int = 0,
+    stop: int | None = None,
+    remat: bool = False,
+):
     """Runs `fn(layer, carry, x) -> (carry, y)` over stacked layers[start:stop] with lax.scan.
 
     Layers are built with nnx.vmap (parameters stacked on a leading `layers` axis); one scan
@@ -130,4 +140,6 @@ def constrain_rows(x, activation_sharding):
     if x.shape[0] % math.prod(activation_sharding.mesh.shape[a] for a in names):
         return x
     spec = jax.sharding.PartitionSpec(axes, *([None] * (x.ndim - 1)))
-    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(activation_sharding.mesh, spec))
+    return jax.lax.with_sharding_constraint(
+        x, jax.sharding.NamedSharding(activation_sharding.mesh, spec)
+    )

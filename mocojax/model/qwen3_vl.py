@@ -28,9 +28,21 @@ Params = dict[str, Any]
 class Qwen3VL(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         kw = dict(param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype))
-        self.visual = VisionModel(cfg.vision, rngs=rngs, remat=cfg.remat, activation_sharding=cfg.activation_sharding, **kw)
-        self.text = TextModel(cfg.text, tie_word_embeddings=cfg.tie_word_embeddings, remat=cfg.remat,
-                              activation_sharding=cfg.activation_sharding, rngs=rngs, **kw)
+        self.visual = VisionModel(
+            cfg.vision,
+            rngs=rngs,
+            remat=cfg.remat,
+            activation_sharding=cfg.activation_sharding,
+            **kw,
+        )
+        self.text = TextModel(
+            cfg.text,
+            tie_word_embeddings=cfg.tie_word_embeddings,
+            remat=cfg.remat,
+            activation_sharding=cfg.activation_sharding,
+            rngs=rngs,
+            **kw,
+        )
 
 
 @functools.lru_cache(maxsize=32)
@@ -66,7 +78,9 @@ def abstract_params(cfg: ModelConfig) -> Params:
 def param_axes(cfg: ModelConfig) -> Params:
     """Returns the parameter tree with each leaf replaced by its tuple of logical axis names."""
     state = _abstract(cfg)[1]
-    axes = jax.tree.map(lambda v: tuple(v.out_sharding), state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    axes = jax.tree.map(
+        lambda v: tuple(v.out_sharding), state, is_leaf=lambda x: isinstance(x, nnx.Variable)
+    )
     return nnx.to_pure_dict(axes)
 
 
@@ -89,9 +103,13 @@ def check_ids_and_mask(input_ids, attention_mask) -> tuple[np.ndarray, np.ndarra
     input_ids = np.asarray(input_ids)
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [B, L], got shape {input_ids.shape}")
-    attention_mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)
+    attention_mask = (
+        np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)
+    )
     if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask shape {attention_mask.shape} != input_ids shape {input_ids.shape}")
+        raise ValueError(
+            f"attention_mask shape {attention_mask.shape} != input_ids shape {input_ids.shape}"
+        )
     return input_ids, attention_mask
 
 
@@ -118,8 +136,12 @@ def prepare_inputs(
             )
         vision = vision_metadata(cfg.vision, grid, pad_to=pad_patches_to)
     elif is_image.any():
-        raise ValueError(f"input_ids hold {int(is_image.sum())} image tokens but no image_grid_thw was given")
-    positions, deltas = get_rope_index(cfg, input_ids, attention_mask, image_grid_thw, mm_token_type_ids)
+        raise ValueError(
+            f"input_ids hold {int(is_image.sum())} image tokens but no image_grid_thw was given"
+        )
+    positions, deltas = get_rope_index(
+        cfg, input_ids, attention_mask, image_grid_thw, mm_token_type_ids
+    )
     return ModelInputs(positions=positions, rope_deltas=deltas, vision=vision)
 
 
@@ -129,7 +151,9 @@ def encode_images(cfg: ModelConfig, params: Params, pixel_values, vision: Vision
     return model.visual(jnp.asarray(pixel_values), jax.tree.map(jnp.asarray, vision))
 
 
-def scatter_image_tokens(is_image: jnp.ndarray, tokens: jnp.ndarray, base: jnp.ndarray) -> jnp.ndarray:
+def scatter_image_tokens(
+    is_image: jnp.ndarray, tokens: jnp.ndarray, base: jnp.ndarray
+) -> jnp.ndarray:
     """Returns base [B, L, D] with the rows of tokens [N, D] written, in order, at is_image [B, L]."""
     flat = is_image.reshape(-1)
     index = jnp.clip(jnp.cumsum(flat) - 1, 0, tokens.shape[0] - 1)
@@ -185,7 +209,13 @@ def apply(
     else:
         mask = attention_mask_4d(key_valid, input_ids.shape[1], write_index)
     hidden, new_cache, hidden_states = model.text.decode(
-        x, cos, sin, mask, deepstack=deepstack, cache=cache, write_index=write_index,
+        x,
+        cos,
+        sin,
+        mask,
+        deepstack=deepstack,
+        cache=cache,
+        write_index=write_index,
         output_hidden_states=output_hidden_states,
     )
     aux = {"cache": new_cache, "hidden_states": hidden_states}
@@ -199,10 +229,14 @@ def lm_logits(cfg: ModelConfig, params: Params, hidden: jnp.ndarray) -> jnp.ndar
     return _merge(cfg, params).text.logits(hidden)
 
 
-def target_logprobs(cfg: ModelConfig, params: Params, hidden: jnp.ndarray, targets: jnp.ndarray) -> jnp.ndarray:
+def target_logprobs(
+    cfg: ModelConfig, params: Params, hidden: jnp.ndarray, targets: jnp.ndarray
+) -> jnp.ndarray:
     """Returns float32 [B, T] log p(targets | hidden) under the unscaled softmax of lm_logits, for
     final normed hidden states [B, T, D]; chunked over positions by cfg.logits_chunk."""
-    return losses.chunked_token_logprobs(hidden, targets, lambda h: lm_logits(cfg, params, h), cfg.logits_chunk)
+    return losses.chunked_token_logprobs(
+        hidden, targets, lambda h: lm_logits(cfg, params, h), cfg.logits_chunk
+    )
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
@@ -210,7 +244,15 @@ def _forward_jit(cfg, params, input_ids, attention_mask, positions, pixel_values
     return apply(cfg, params, input_ids, attention_mask, positions, pixel_values, vision)[0]
 
 
-def forward(cfg: ModelConfig, params: Params, input_ids, attention_mask, pixel_values=None, image_grid_thw=None, mm_token_type_ids=None):
+def forward(
+    cfg: ModelConfig,
+    params: Params,
+    input_ids,
+    attention_mask,
+    pixel_values=None,
+    image_grid_thw=None,
+    mm_token_type_ids=None,
+):
     """Returns logits [B, L, V] (float32) of Qwen3-VL with HF tensor conventions (DESIGN contract).
 
     Positions come from `get_rope_index` on the host, so left padding (attention_mask 0)
@@ -229,6 +271,11 @@ def forward(cfg: ModelConfig, params: Params, input_ids, attention_mask, pixel_v
             )
     vision = None if inputs.vision is None else jax.tree.map(jnp.asarray, inputs.vision)
     return _forward_jit(
-        cfg, params, jnp.asarray(input_ids, jnp.int32), jnp.asarray(attention_mask, jnp.int32),
-        jnp.asarray(inputs.positions), pixel_values, vision,
+        cfg,
+        params,
+        jnp.asarray(input_ids, jnp.int32),
+        jnp.asarray(attention_mask, jnp.int32),
+        jnp.asarray(inputs.positions),
+        pixel_values,
+        vision,
     )

@@ -38,7 +38,9 @@ def mrope_axis_of_frequency(text: TextConfig) -> np.ndarray:
 def text_rope(text: TextConfig, positions: jnp.ndarray, dtype) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Returns (cos, sin), each [B, L, head_dim], for 3-D positions [3, B, L] (interleaved MRoPE)."""
     half = text.head_dim // 2
-    inv_freq = 1.0 / (text.rope_theta ** (np.arange(0, text.head_dim, 2, dtype=np.float32) / text.head_dim))
+    inv_freq = 1.0 / (
+        text.rope_theta ** (np.arange(0, text.head_dim, 2, dtype=np.float32) / text.head_dim)
+    )
     axis = mrope_axis_of_frequency(text)
     pos = positions.astype(jnp.float32)[axis]  # [half, B, L]: each frequency's driving axis
     freqs = jnp.moveaxis(pos, 0, -1) * jnp.asarray(inv_freq[:half])  # [B, L, half]
@@ -90,10 +92,22 @@ def get_rope_index(
     """
     input_ids = np.asarray(input_ids)
     batch, length = input_ids.shape
-    mask = np.ones_like(input_ids, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
-    types = image_token_mask(cfg, input_ids) if mm_token_type_ids is None else np.asarray(mm_token_type_ids) == 1
+    mask = (
+        np.ones_like(input_ids, bool)
+        if attention_mask is None
+        else np.asarray(attention_mask).astype(bool)
+    )
+    types = (
+        image_token_mask(cfg, input_ids)
+        if mm_token_type_ids is None
+        else np.asarray(mm_token_type_ids) == 1
+    )
     merge = cfg.vision.spatial_merge_size
-    grids = iter(np.asarray(image_grid_thw).reshape(-1, 3).tolist()) if image_grid_thw is not None else iter(())
+    grids = (
+        iter(np.asarray(image_grid_thw).reshape(-1, 3).tolist())
+        if image_grid_thw is not None
+        else iter(())
+    )
     positions = np.zeros((3, batch, length), np.int32)
     deltas = np.zeros((batch,), np.int32)
     for b in range(batch):
@@ -123,7 +137,9 @@ def get_rope_index(
                             f"row {b}: an image run of {j - i} tokens does not match image_grid_thw "
                             f"({count} tokens for grid {(t, h, w)})"
                         )
-                    tt, hh, ww = np.meshgrid(np.arange(gt), np.arange(gh), np.arange(gw), indexing="ij")
+                    tt, hh, ww = np.meshgrid(
+                        np.arange(gt), np.arange(gh), np.arange(gw), indexing="ij"
+                    )
                     pieces.append(np.stack([tt.ravel(), hh.ravel(), ww.ravel()]) + current)
                     current += max(gh, gw)
                     k += count
@@ -189,7 +205,11 @@ def _pack(segment: np.ndarray, row_len: int, num_rows: int | None):
     segment ids into rows of row_len slots, next-fit; padding patches (-1) fill rows in chunks."""
     runs, start = [], 0
     for i in range(1, len(segment) + 1):
-        if i == len(segment) or segment[i] != segment[start] or (segment[start] < 0 and i - start == row_len):
+        if (
+            i == len(segment)
+            or segment[i] != segment[start]
+            or (segment[start] < 0 and i - start == row_len)
+        ):
             runs.append((start, i))
             start = i
     slot = np.zeros(len(segment), np.int64)
@@ -197,7 +217,9 @@ def _pack(segment: np.ndarray, row_len: int, num_rows: int | None):
     for a, b in runs:
         n = b - a
         if n > row_len:
-            raise ValueError(f"an image frame of {n} patches does not fit attention rows of {row_len} slots")
+            raise ValueError(
+                f"an image frame of {n} patches does not fit attention rows of {row_len} slots"
+            )
         if fill + n > row_len:
             row, fill = row + 1, 0
         slot[a:b] = row * row_len + fill + np.arange(n)
@@ -210,11 +232,18 @@ def _pack(segment: np.ndarray, row_len: int, num_rows: int | None):
     packed_segment = np.full(rows * row_len, -2, np.int32)
     packed_patch[slot] = np.arange(len(segment))
     packed_segment[slot] = segment
-    return slot.astype(np.int32), packed_patch.reshape(rows, row_len), packed_segment.reshape(rows, row_len)
+    return (
+        slot.astype(np.int32),
+        packed_patch.reshape(rows, row_len),
+        packed_segment.reshape(rows, row_len),
+    )
 
 
 def vision_metadata(
-    vision: VisionConfig, image_grid_thw: np.ndarray, pad_to: int | None = None, row_len: int | None = None
+    vision: VisionConfig,
+    image_grid_thw: np.ndarray,
+    pad_to: int | None = None,
+    row_len: int | None = None,
 ) -> VisionMeta:
     """Returns the VisionMeta of images with grids [I, 3], patches in the processor's merge-block order.
 
@@ -244,8 +273,12 @@ def vision_metadata(
     idx = (h_taps[:, :, None] * side + w_taps[:, None, :]).reshape(-1, 4)
     wts = (h_w[:, :, None] * w_w[:, None, :]).reshape(-1, 4)
     return _finish(
-        np.stack([row, col], -1).astype(np.int32), idx.astype(np.int32), wts.astype(np.float32),
-        cat(segment, np.int32), row_len or default_row_len(grid), pad_to,
+        np.stack([row, col], -1).astype(np.int32),
+        idx.astype(np.int32),
+        wts.astype(np.float32),
+        cat(segment, np.int32),
+        row_len or default_row_len(grid),
+        pad_to,
     )
 
 
@@ -267,11 +300,17 @@ def _finish(rot_pos, interp_idx, interp_w, segment, row_len, pad_to) -> VisionMe
     return VisionMeta(rot_pos, interp_idx, interp_w, segment, slot, packed_patch, packed_segment)
 
 
-def pad_vision_metadata(meta: VisionMeta, num_patches: int, row_len: int | None = None) -> VisionMeta:
+def pad_vision_metadata(
+    meta: VisionMeta, num_patches: int, row_len: int | None = None
+) -> VisionMeta:
     """Returns `meta` padded to `num_patches` with inert patches (segment -1, zero weights) and
     packed into 2 * ceil(num_patches / R) rows of R = row_len (default: meta's) slots."""
     real = meta.segment >= 0
     return _finish(
-        meta.rot_pos[real], meta.interp_idx[real], meta.interp_w[real], meta.segment[real],
-        row_len or meta.row_len, num_patches,
+        meta.rot_pos[real],
+        meta.interp_idx[real],
+        meta.interp_w[real],
+        meta.segment[real],
+        row_len or meta.row_len,
+        num_patches,
     )

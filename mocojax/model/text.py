@@ -14,18 +14,32 @@ from mocojax.model.rope import apply_rotary
 
 class Attention(nnx.Module):
     def __init__(self, t: TextConfig, *, param_dtype, dtype, rngs):
-        d, n, k, h, std = t.hidden_size, t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.initializer_range
+        d, n, k, h, std = (
+            t.hidden_size,
+            t.num_attention_heads,
+            t.num_key_value_heads,
+            t.head_dim,
+            t.initializer_range,
+        )
         self.q_proj = param(rngs, (d, n, h), ("embed", "heads", "head_dim"), param_dtype, std=std)
-        self.k_proj = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), param_dtype, std=std)
-        self.v_proj = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), param_dtype, std=std)
+        self.k_proj = param(
+            rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), param_dtype, std=std
+        )
+        self.v_proj = param(
+            rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), param_dtype, std=std
+        )
         self.o_proj = param(rngs, (n, h, d), ("heads", "head_dim", "embed"), param_dtype, std=std)
         if t.attention_bias:
             self.q_bias = param(None, (n, h), ("heads", "head_dim"), param_dtype, init="zeros")
             self.k_bias = param(None, (k, h), ("kv_heads", "head_dim"), param_dtype, init="zeros")
             self.v_bias = param(None, (k, h), ("kv_heads", "head_dim"), param_dtype, init="zeros")
             self.o_bias = param(None, (d,), ("embed",), param_dtype, init="zeros")
-        self.q_norm = RMSNorm(h, "head_dim", param_dtype=param_dtype, dtype=dtype, eps=t.rms_norm_eps)
-        self.k_norm = RMSNorm(h, "head_dim", param_dtype=param_dtype, dtype=dtype, eps=t.rms_norm_eps)
+        self.q_norm = RMSNorm(
+            h, "head_dim", param_dtype=param_dtype, dtype=dtype, eps=t.rms_norm_eps
+        )
+        self.k_norm = RMSNorm(
+            h, "head_dim", param_dtype=param_dtype, dtype=dtype, eps=t.rms_norm_eps
+        )
         self.bias, self.head_dim, self.dtype = t.attention_bias, h, dtype
 
     def _proj(self, x, name):
@@ -39,8 +53,12 @@ class Attention(nnx.Module):
         v = self._proj(x, "v")
         if kv_cache is not None:
             cache_k, cache_v = kv_cache
-            k = jax.lax.dynamic_update_slice_in_dim(cache_k, k.astype(cache_k.dtype), write_index, axis=1)
-            v = jax.lax.dynamic_update_slice_in_dim(cache_v, v.astype(cache_v.dtype), write_index, axis=1)
+            k = jax.lax.dynamic_update_slice_in_dim(
+                cache_k, k.astype(cache_k.dtype), write_index, axis=1
+            )
+            v = jax.lax.dynamic_update_slice_in_dim(
+                cache_v, v.astype(cache_v.dtype), write_index, axis=1
+            )
         out = jax.nn.dot_product_attention(
             q, k.astype(self.dtype), v.astype(self.dtype), mask=mask, scale=self.head_dim**-0.5
         )
@@ -79,19 +97,61 @@ class DecoderLayer(nnx.Module):
 
 
 class TextModel(nnx.Module):
-    def __init__(self, t: TextConfig, *, tie_word_embeddings: bool, param_dtype, dtype, rngs, remat: bool = False, activation_sharding=None):
+    def __init__(
+        self,
+        t: TextConfig,
+        *,
+        tie_word_embeddings: bool,
+        param_dtype,
+        dtype,
+        rngs,
+        remat: bool = False,
+        activation_sharding=None,
+    ):
         kw = dict(param_dtype=param_dtype, dtype=dtype)
-        self.config, self.dtype, self.remat, self.activation_sharding = t, dtype, remat, activation_sharding
-        self.embed = param(rngs, (t.vocab_size, t.hidden_size), ("vocab", "embed"), param_dtype, std=t.initializer_range)
+        self.config, self.dtype, self.remat, self.activation_sharding = (
+            t,
+            dtype,
+            remat,
+            activation_sharding,
+        )
+        self.embed = param(
+            rngs,
+            (t.vocab_size, t.hidden_size),
+            ("vocab", "embed"),
+            param_dtype,
+            std=t.initializer_range,
+        )
         self.layers = stacked(t.num_hidden_layers, lambda r: DecoderLayer(t, rngs=r, **kw))(rngs)
         self.norm = RMSNorm(t.hidden_size, "embed", eps=t.rms_norm_eps, **kw)
-        self.lm_head = None if tie_word_embeddings else param(rngs, (t.hidden_size, t.vocab_size), ("embed", "vocab"), param_dtype, std=t.initializer_range)
+        self.lm_head = (
+            None
+            if tie_word_embeddings
+            else param(
+                rngs,
+                (t.hidden_size, t.vocab_size),
+                ("embed", "vocab"),
+                param_dtype,
+                std=t.initializer_range,
+            )
+        )
 
     def embed_tokens(self, input_ids):
         """Returns [B, L, D] token embeddings in the compute dtype."""
         return self.embed[...][input_ids].astype(self.dtype)
 
-    def decode(self, x, cos, sin, mask, *, deepstack=None, cache=None, write_index=0, output_hidden_states=False):
+    def decode(
+        self,
+        x,
+        cos,
+        sin,
+        mask,
+        *,
+        deepstack=None,
+        cache=None,
+        write_index=0,
+        output_hidden_states=False,
+    ):
         """Runs every decoder layer and the final norm.
 
         x [B, T, D]; cos/sin [B, T, head_dim]; mask [B, 1, T, S]; deepstack [n_ds, B, T, D] added
@@ -108,15 +168,26 @@ class TextModel(nnx.Module):
             out_h = h
             if ds is not None:
                 h = h + ds
-            return h, (new_kv if cache is not None else None, out_h if output_hidden_states else None)
+            return h, (
+                new_kv if cache is not None else None,
+                out_h if output_hidden_states else None,
+            )
 
         def run(h, start, stop, ds):
-            kv = None if cache is None else jax.tree.map(lambda a: a[start:stop], (cache["k"], cache["v"]))
-            return scan_layers(self.layers, h, layer_fn, xs=(kv, ds), start=start, stop=stop, remat=self.remat)
+            kv = (
+                None
+                if cache is None
+                else jax.tree.map(lambda a: a[start:stop], (cache["k"], cache["v"]))
+            )
+            return scan_layers(
+                self.layers, h, layer_fn, xs=(kv, ds), start=start, stop=stop, remat=self.remat
+            )
 
         n_ds = 0 if deepstack is None else deepstack.shape[0]
         # Two scans: the DeepStack stretch carries its features as scan inputs, the rest none.
-        stretches = [(0, n_ds, deepstack), (n_ds, n_layers, None)] if n_ds else [(0, n_layers, None)]
+        stretches = (
+            [(0, n_ds, deepstack), (n_ds, n_layers, None)] if n_ds else [(0, n_layers, None)]
+        )
         outputs = []
         for start, stop, ds in stretches:
             x, ys = run(x, start, stop, ds)
@@ -125,7 +196,10 @@ class TextModel(nnx.Module):
         if cache is not None:
             ks = [o[0][0] for o in outputs]
             vs = [o[0][1] for o in outputs]
-            new_cache = {"k": jnp.concatenate(ks) if len(ks) > 1 else ks[0], "v": jnp.concatenate(vs) if len(vs) > 1 else vs[0]}
+            new_cache = {
+                "k": jnp.concatenate(ks) if len(ks) > 1 else ks[0],
+                "v": jnp.concatenate(vs) if len(vs) > 1 else vs[0],
+            }
         if output_hidden_states:
             hidden_states = jnp.concatenate([o[1] for o in outputs])
         return self.norm(x), new_cache, hidden_states
@@ -136,4 +210,6 @@ class TextModel(nnx.Module):
     def logits(self, hidden):
         """Returns float32 logits [B, T, V] (lm_head, or the embedding when tied)."""
         w = self.embed[...].T if self.lm_head is None else self.lm_head[...]
-        return jnp.einsum("btd,dv->btv", hidden, w.astype(self.dtype), preferred_element_type=jnp.float32)
+        return jnp.einsum(
+            "btd,dv->btv", hidden, w.astype(self.dtype), preferred_element_type=jnp.float32
+        )

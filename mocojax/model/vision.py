@@ -16,15 +16,41 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mocojax.model.config import VisionConfig
-from mocojax.model.layers import Dense, LayerNorm, activation, constrain_rows, param, scan_layers, stacked
+from mocojax.model.layers import (
+    Dense,
+    LayerNorm,
+    activation,
+    constrain_rows,
+    param,
+    scan_layers,
+    stacked,
+)
 from mocojax.model.rope import VisionMeta, apply_rotary, vision_rope
 
 
 class VisionAttention(nnx.Module):
     def __init__(self, v: VisionConfig, *, param_dtype, dtype, rngs):
         d, std = v.hidden_size, v.initializer_range
-        self.qkv = Dense(d, 3 * d, ("vision_embed", "vision_qkv"), bias=True, param_dtype=param_dtype, dtype=dtype, std=std, rngs=rngs)
-        self.proj = Dense(d, d, ("vision_qkv", "vision_embed"), bias=True, param_dtype=param_dtype, dtype=dtype, std=std, rngs=rngs)
+        self.qkv = Dense(
+            d,
+            3 * d,
+            ("vision_embed", "vision_qkv"),
+            bias=True,
+            param_dtype=param_dtype,
+            dtype=dtype,
+            std=std,
+            rngs=rngs,
+        )
+        self.proj = Dense(
+            d,
+            d,
+            ("vision_qkv", "vision_embed"),
+            bias=True,
+            param_dtype=param_dtype,
+            dtype=dtype,
+            std=std,
+            rngs=rngs,
+        )
         self.num_heads, self.head_dim, self.dtype = v.num_heads, v.head_dim, dtype
 
     def __call__(self, x, cos, sin, mask):
@@ -47,8 +73,24 @@ class VisionBlock(nnx.Module):
         self.norm1 = LayerNorm(d, "vision_embed", **kw)
         self.norm2 = LayerNorm(d, "vision_embed", **kw)
         self.attn = VisionAttention(v, rngs=rngs, **kw)
-        self.fc1 = Dense(d, v.intermediate_size, ("vision_embed", "vision_mlp"), bias=True, std=std, rngs=rngs, **kw)
-        self.fc2 = Dense(v.intermediate_size, d, ("vision_mlp", "vision_embed"), bias=True, std=std, rngs=rngs, **kw)
+        self.fc1 = Dense(
+            d,
+            v.intermediate_size,
+            ("vision_embed", "vision_mlp"),
+            bias=True,
+            std=std,
+            rngs=rngs,
+            **kw,
+        )
+        self.fc2 = Dense(
+            v.intermediate_size,
+            d,
+            ("vision_mlp", "vision_embed"),
+            bias=True,
+            std=std,
+            rngs=rngs,
+            **kw,
+        )
         self.act = activation(v.hidden_act)
 
     def __call__(self, x, cos, sin, mask):
@@ -63,27 +105,77 @@ class PatchMerger(nnx.Module):
         d, std = v.hidden_size * v.spatial_merge_size**2, v.initializer_range
         kw = dict(param_dtype=param_dtype, dtype=dtype)
         self.postshuffle_norm = postshuffle_norm
-        self.norm = LayerNorm(d if postshuffle_norm else v.hidden_size, "vision_merged" if postshuffle_norm else "vision_embed", **kw)
-        self.fc1 = Dense(d, d, ("vision_merged", "vision_merged_out"), bias=True, std=std, rngs=rngs, **kw)
-        self.fc2 = Dense(d, v.out_hidden_size, ("vision_merged_out", "embed"), bias=True, std=std, rngs=rngs, **kw)
+        self.norm = LayerNorm(
+            d if postshuffle_norm else v.hidden_size,
+            "vision_merged" if postshuffle_norm else "vision_embed",
+            **kw,
+        )
+        self.fc1 = Dense(
+            d, d, ("vision_merged", "vision_merged_out"), bias=True, std=std, rngs=rngs, **kw
+        )
+        self.fc2 = Dense(
+            d,
+            v.out_hidden_size,
+            ("vision_merged_out", "embed"),
+            bias=True,
+            std=std,
+            rngs=rngs,
+            **kw,
+        )
         self.merged_dim = d
 
     def __call__(self, x):
         """Returns [P / merge², out_hidden] tokens from patches [P, D] in merge-block order."""
-        x = self.norm(x.reshape(-1, self.merged_dim)) if self.postshuffle_norm else self.norm(x).reshape(-1, self.merged_dim)
+        x = (
+            self.norm(x.reshape(-1, self.merged_dim))
+            if self.postshuffle_norm
+            else self.norm(x).reshape(-1, self.merged_dim)
+        )
         return self.fc2(jax.nn.gelu(self.fc1(x), approximate=False))
 
 
 class VisionModel(nnx.Module):
-    def __init__(self, v: VisionConfig, *, param_dtype, dtype, rngs, remat: bool = False, activation_sharding=None):
+    def __init__(
+        self,
+        v: VisionConfig,
+        *,
+        param_dtype,
+        dtype,
+        rngs,
+        remat: bool = False,
+        activation_sharding=None,
+    ):
         kw = dict(param_dtype=param_dtype, dtype=dtype)
-        self.config, self.dtype, self.remat, self.activation_sharding = v, dtype, remat, activation_sharding
-        self.patch_embed = Dense(v.patch_dim, v.hidden_size, ("patch", "vision_embed"), bias=True, std=v.initializer_range, rngs=rngs, **kw)
-        self.pos_embed = param(rngs, (v.num_position_embeddings, v.hidden_size), ("vision_pos", "vision_embed"), param_dtype, std=v.initializer_range)
+        self.config, self.dtype, self.remat, self.activation_sharding = (
+            v,
+            dtype,
+            remat,
+            activation_sharding,
+        )
+        self.patch_embed = Dense(
+            v.patch_dim,
+            v.hidden_size,
+            ("patch", "vision_embed"),
+            bias=True,
+            std=v.initializer_range,
+            rngs=rngs,
+            **kw,
+        )
+        self.pos_embed = param(
+            rngs,
+            (v.num_position_embeddings, v.hidden_size),
+            ("vision_pos", "vision_embed"),
+            param_dtype,
+            std=v.initializer_range,
+        )
         self.blocks = stacked(v.depth, lambda r: VisionBlock(v, rngs=r, **kw))(rngs)
         self.merger = PatchMerger(v, postshuffle_norm=False, rngs=rngs, **kw)
         num_ds = len(v.deepstack_visual_indexes)
-        self.deepstack_mergers = stacked(num_ds, lambda r: PatchMerger(v, postshuffle_norm=True, rngs=r, **kw))(rngs) if num_ds else None
+        self.deepstack_mergers = (
+            stacked(num_ds, lambda r: PatchMerger(v, postshuffle_norm=True, rngs=r, **kw))(rngs)
+            if num_ds
+            else None
+        )
 
     def _constrain(self, x):
         """Pins packed activations [rows, R, ...] to rows over the data axes (where they divide)."""
@@ -99,7 +191,10 @@ class VisionModel(nnx.Module):
         packed = meta.packed_patch  # [rows, R]: the patch in each slot
         # Per-patch inputs gathered into the packed layout (a local gather of replicated inputs).
         x = self._constrain(self.patch_embed(pixel_values[packed]))
-        pos = (self.pos_embed[...][meta.interp_idx[packed]].astype(jnp.float32) * meta.interp_w[packed][..., None]).sum(-2)
+        pos = (
+            self.pos_embed[...][meta.interp_idx[packed]].astype(jnp.float32)
+            * meta.interp_w[packed][..., None]
+        ).sum(-2)
         x = x + pos.astype(self.dtype)
         cos, sin = (self._constrain(a[packed]) for a in vision_rope(v, meta.rot_pos))
         same_frame = meta.packed_segment[:, :, None] == meta.packed_segment[:, None, :]
@@ -117,12 +212,16 @@ class VisionModel(nnx.Module):
             x, _ = scan_layers(self.blocks, x, block, start=start, remat=self.remat)
         # Merge groups of m² consecutive slots (a frame starts at a multiple of m² in its row),
         # then keep the groups that start at each patch group of processor order, in that order.
-        merge = v.spatial_merge_size ** 2
+        merge = v.spatial_merge_size**2
         group = meta.slot[::merge] // merge  # [P / m²]
         flat = lambda h: h.reshape(-1, h.shape[-1])
         tokens = self.merger(flat(x))[group]
         if not features:
             return tokens, jnp.zeros((0,) + tokens.shape, tokens.dtype)
-        _, deepstack = scan_layers(self.deepstack_mergers, None, lambda m, c, f: (c, m(flat(f))[group]),
-                                   xs=jnp.stack(features))
+        _, deepstack = scan_layers(
+            self.deepstack_mergers,
+            None,
+            lambda m, c, f: (c, m(flat(f))[group]),
+            xs=jnp.stack(features),
+        )
         return tokens, deepstack

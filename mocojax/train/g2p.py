@@ -24,9 +24,7 @@ import numpy as np
 
 from mocojax import acecap, roles
 from mocojax.data import toyworld as tw
-from mocojax.train import rl as rl_lib
-from mocojax.train import rl_evals
-from mocojax.train import rollout as rollout_lib
+from mocojax.train import rl as rl_lib, rl_evals, rollout as rollout_lib
 
 
 @dataclasses.dataclass
@@ -43,10 +41,13 @@ class G2PRollout(rollout_lib.PolicySamples):
 def judge_mcq(cfg, params, processor, mcqs, captions, rl, rng):
     """Returns the model judge's replies [G][N]: image g's items answered from each caption."""
     n = len(captions[0])
-    conversations = [roles.prompt_messages(acecap.mcq_prompt(items, caption))
-                     for items, group in zip(mcqs, captions) for caption in group]
+    conversations = [
+        roles.prompt_messages(acecap.mcq_prompt(items, caption))
+        for items, group in zip(mcqs, captions)
+        for caption in group
+    ]
     texts = rollout_lib.judge_texts(cfg, params, processor, conversations, n, rl, rng)
-    return [texts[g * n:(g + 1) * n] for g in range(len(captions))]
+    return [texts[g * n : (g + 1) * n] for g in range(len(captions))]
 
 
 class G2PSource:
@@ -57,13 +58,28 @@ class G2PSource:
     def __init__(self, config, records):
         missing = [r.get("id") for r in records if "scene" not in r]
         if missing:
-            raise ValueError(f"config.rl.reward='g2p': record {missing[0]!r} has no toy-world scene; Gold-MCQs "
-                             "are built from scenes (config.data.source='toyworld') only")
+            raise ValueError(
+                f"config.rl.reward='g2p': record {missing[0]!r} has no toy-world scene; Gold-MCQs "
+                "are built from scenes (config.data.source='toyworld') only"
+            )
         self.scenes = {r["id"]: r["scene"] for r in records}
         self.seed = config.data.seed
 
-    def collect(self, cfg, policy_params, generator_params, judge_params, processor, group, rl, *,
-                seed, step, rng, exact=None):
+    def collect(
+        self,
+        cfg,
+        policy_params,
+        generator_params,
+        judge_params,
+        processor,
+        group,
+        rl,
+        *,
+        seed,
+        step,
+        rng,
+        exact=None,
+    ):
         """Returns (G2PRollout, seconds per phase); the signature of rollout.collect (the Generator's
         params, seed, step and exact are unused: no rubric is written, the oracle needs only scenes)."""
         del generator_params, seed, step, exact
@@ -71,25 +87,43 @@ class G2PSource:
         timer = functools.partial(rollout_lib.timed, seconds)
         with timer("policy_sampling"):
             prompt, tokens, logprobs, lengths, captions = rollout_lib.policy_captions(
-                cfg, policy_params, processor, [e["image"] for e in group], rl, rng)
+                cfg, policy_params, processor, [e["image"] for e in group], rl, rng
+            )
         mcqs = [acecap.toy_mcq(self.scenes[e["id"]], self.seed) for e in group]
         with timer("judging"):
             if rl.judge == "exact":
                 texts = [["" for _ in caps] for caps in captions]
-                parsed = [[([acecap.oracle_choice(c, item) for item in items], 0) for c in caps]
-                          for items, caps in zip(mcqs, captions)]
+                parsed = [
+                    [([acecap.oracle_choice(c, item) for item in items], 0) for c in caps]
+                    for items, caps in zip(mcqs, captions)
+                ]
             else:
-                texts = judge_mcq(cfg, judge_params, processor, mcqs, captions, rl, jax.random.fold_in(rng, 2))
-                parsed = [[acecap.parse_choices(t, items) for t in group_texts]
-                          for items, group_texts in zip(mcqs, texts)]
+                texts = judge_mcq(
+                    cfg, judge_params, processor, mcqs, captions, rl, jax.random.fold_in(rng, 2)
+                )
+                parsed = [
+                    [acecap.parse_choices(t, items) for t in group_texts]
+                    for items, group_texts in zip(mcqs, texts)
+                ]
         choices = [[c for c, _ in group] for group in parsed]
-        rewards = [[acecap.g2p_reward(c, [item.answer for item in items]) for c in group]
-                   for items, group in zip(mcqs, choices)]
+        rewards = [
+            [acecap.g2p_reward(c, [item.answer for item in items]) for c in group]
+            for items, group in zip(mcqs, choices)
+        ]
         rollout = G2PRollout(
-            ids=[e["id"] for e in group], prompt=prompt, tokens=tokens, logprobs=logprobs, lengths=lengths,
-            captions=captions, rewards=np.asarray(rewards, np.float32), mcqs=mcqs, judge_texts=texts,
-            choices=choices, unreadable=np.asarray([[u for _, u in group] for group in parsed], np.int32),
-            judge=rl.judge)
+            ids=[e["id"] for e in group],
+            prompt=prompt,
+            tokens=tokens,
+            logprobs=logprobs,
+            lengths=lengths,
+            captions=captions,
+            rewards=np.asarray(rewards, np.float32),
+            mcqs=mcqs,
+            judge_texts=texts,
+            choices=choices,
+            unreadable=np.asarray([[u for _, u in group] for group in parsed], np.int32),
+            judge=rl.judge,
+        )
         return rollout, seconds
 
     def logs(self, rollout):
@@ -99,14 +133,21 @@ class G2PSource:
         for items, group in zip(rollout.mcqs, rollout.choices):
             for choice in group:
                 for c, item in zip(choice, items):
-                    outcome = ("right" if c == item.answer else "not_given" if c == acecap.NOT_GIVEN_LETTER
-                               else "wrong")
+                    outcome = (
+                        "right"
+                        if c == item.answer
+                        else "not_given"
+                        if c == acecap.NOT_GIVEN_LETTER
+                        else "wrong"
+                    )
                     outcomes[outcome] += 1
         answered = max(sum(outcomes.values()), 1)
-        scalars = {**rl_lib.samples_metrics(rollout),
-                   **{f"g2p/{k}_frac": v / answered for k, v in outcomes.items()},
-                   "g2p/unreadable_frac": float(rollout.unreadable.sum()) / answered,
-                   "g2p/questions_per_image": float(np.mean([len(items) for items in rollout.mcqs]))}
+        scalars = {
+            **rl_lib.samples_metrics(rollout),
+            **{f"g2p/{k}_frac": v / answered for k, v in outcomes.items()},
+            "g2p/unreadable_frac": float(rollout.unreadable.sum()) / answered,
+            "g2p/questions_per_image": float(np.mean([len(items) for items in rollout.mcqs])),
+        }
         truths = [self._truth(g, image_id, rollout) for g, image_id in enumerate(rollout.ids)]
         scalars.update(rl_evals.truth_metrics(truths, rollout.rewards))
         agree = [v for t in truths for v in t["judge_agrees"]]
@@ -118,18 +159,37 @@ class G2PSource:
         scene, items = self.scenes[image_id], rollout.mcqs[g]
         metrics = [tw.caption_metrics(scene, caption) for caption in rollout.captions[g]]
         # A model judge against the oracle, answer by answer (the exact judge agrees by definition).
-        agrees = [] if rollout.judge == "exact" else [
-            int(c == acecap.oracle_choice(caption, item))
-            for caption, choice in zip(rollout.captions[g], rollout.choices[g]) for c, item in zip(choice, items)]
-        return {"f1": [m["f1"] for m in metrics], "hallucinated": [len(m["hallucinated"]) for m in metrics],
-                "judge_agrees": agrees}
+        agrees = (
+            []
+            if rollout.judge == "exact"
+            else [
+                int(c == acecap.oracle_choice(caption, item))
+                for caption, choice in zip(rollout.captions[g], rollout.choices[g])
+                for c, item in zip(choice, items)
+            ]
+        )
+        return {
+            "f1": [m["f1"] for m in metrics],
+            "hallucinated": [len(m["hallucinated"]) for m in metrics],
+            "judge_agrees": agrees,
+        }
 
     def sample_rows(self, step, rollout, truths):
         """Returns the step's rows for <workdir>/rl_samples.jsonl: captions, items, choices, rewards."""
-        return [{"step": step, "image_id": image_id, "captions": rollout.captions[g],
-                 "mcq": [{"question": i.question, "options": list(i.options), "answer": i.answer}
-                         for i in rollout.mcqs[g]],
-                 "judge_texts": rollout.judge_texts[g], "choices": rollout.choices[g],
-                 "rewards": rollout.rewards[g].tolist(), "has_signal": bool(rollout.has_signal[g]),
-                 "truth": {k: v for k, v in truths[g].items() if k != "judge_agrees"}}
-                for g, image_id in enumerate(rollout.ids)]
+        return [
+            {
+                "step": step,
+                "image_id": image_id,
+                "captions": rollout.captions[g],
+                "mcq": [
+                    {"question": i.question, "options": list(i.options), "answer": i.answer}
+                    for i in rollout.mcqs[g]
+                ],
+                "judge_texts": rollout.judge_texts[g],
+                "choices": rollout.choices[g],
+                "rewards": rollout.rewards[g].tolist(),
+                "has_signal": bool(rollout.has_signal[g]),
+                "truth": {k: v for k, v in truths[g].items() if k != "judge_agrees"},
+            }
+            for g, image_id in enumerate(rollout.ids)
+        ]

@@ -36,13 +36,24 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from mocojax import checkpoint, config_utils, losses, momentum, sampling, sharding
-from mocojax import metrics as metrics_lib
+from mocojax import (
+    checkpoint,
+    config_utils,
+    losses,
+    metrics as metrics_lib,
+    momentum,
+    sampling,
+    sharding,
+)
 from mocojax.data import pipeline, toyroles
 from mocojax.model.rope import pad_vision_metadata
-from mocojax.train import rl_config, rl_evals, rollout as rollout_lib
-from mocojax.train import state as state_lib
-from mocojax.train import step as step_lib
+from mocojax.train import (
+    rl_config,
+    rl_evals,
+    rollout as rollout_lib,
+    state as state_lib,
+    step as step_lib,
+)
 
 
 def _pad_prompt(prompt, length, patches, row_len):
@@ -50,12 +61,17 @@ def _pad_prompt(prompt, length, patches, row_len):
     (vision attention packed in rows of `row_len` slots, so micro-batches stack)."""
     extra = length - prompt.input_ids.shape[1]
     left = lambda x, axis: np.pad(x, [(extra, 0) if a == axis else (0, 0) for a in range(x.ndim)])
-    pixel_values = np.pad(prompt.pixel_values,
-                          ((0, patches - prompt.pixel_values.shape[0]), (0, 0)))
+    pixel_values = np.pad(
+        prompt.pixel_values, ((0, patches - prompt.pixel_values.shape[0]), (0, 0))
+    )
     return dataclasses.replace(
-        prompt, input_ids=left(prompt.input_ids, 1), attention_mask=left(prompt.attention_mask, 1),
-        positions=left(prompt.positions, 2), pixel_values=pixel_values,
-        vision=pad_vision_metadata(prompt.vision, patches, row_len))
+        prompt,
+        input_ids=left(prompt.input_ids, 1),
+        attention_mask=left(prompt.attention_mask, 1),
+        positions=left(prompt.positions, 2),
+        pixel_values=pixel_values,
+        vision=pad_vision_metadata(prompt.vision, patches, row_len),
+    )
 
 
 def train_batch(cfg, rollout, rl, advantages):
@@ -71,16 +87,24 @@ def train_batch(cfg, rollout, rl, advantages):
     num_groups, num_new = len(rollout.ids), rollout.tokens.shape[1]
     grid = np.asarray(prompt["image_grid_thw"]).reshape(-1, 3)
     if grid.shape[0] != num_groups:
-        raise ValueError(f"expected one image per Policy prompt, got {grid.shape[0]} for "
-                         f"{num_groups} prompts")
+        raise ValueError(
+            f"expected one image per Policy prompt, got {grid.shape[0]} for {num_groups} prompts"
+        )
     spans = step_lib.split_images(grid, np.ones(num_groups, np.int64), rl.grad_accum_steps)
     per_micro = num_groups // rl.grad_accum_steps
     prompts = []
     for a, (sub_grid, patches) in enumerate(spans):
         groups = slice(a * per_micro, (a + 1) * per_micro)
-        prompts.append(sampling.prepare_prompt(
-            cfg, prompt["input_ids"][groups], prompt["attention_mask"][groups],
-            prompt["pixel_values"][patches], sub_grid, reserve=num_new))
+        prompts.append(
+            sampling.prepare_prompt(
+                cfg,
+                prompt["input_ids"][groups],
+                prompt["attention_mask"][groups],
+                prompt["pixel_values"][patches],
+                sub_grid,
+                reserve=num_new,
+            )
+        )
     length = max(p.input_ids.shape[1] for p in prompts)
     patches = max(p.pixel_values.shape[0] for p in prompts)
     row_len = max(p.vision.row_len for p in prompts)
@@ -114,8 +138,9 @@ BATCH_DIMS = {"completion": 1, "old_logprobs": 1, "mask": 1, "advantages": 1, "w
 def place_batch(mesh, batch):
     """Returns a `train_batch` batch as global arrays on `mesh`: rows (dim 1, after the micro-batch
     axis) over the data axes where they divide, else replicated; weights and patches replicated."""
-    out = step_lib.place_batch(mesh, {k: v for k, v in batch.items() if k != "prompt"}, BATCH_DIMS,
-                               strict=False)
+    out = step_lib.place_batch(
+        mesh, {k: v for k, v in batch.items() if k != "prompt"}, BATCH_DIMS, strict=False
+    )
     out["prompt"] = sampling.place_prompt(mesh, batch["prompt"], stacked=True)
     return out
 
@@ -137,15 +162,22 @@ def micro_weights(mask, aggregation):
 
 def completion_logprobs(cfg, params, micro, num_samples):
     """Returns log pi(caption token) float32 [b, T] of one micro-batch (0 at padding)."""
-    return sampling.completion_logprobs(cfg, params, micro["prompt"], micro["completion"],
-                                        micro["mask"] > 0, num_samples=num_samples)
+    return sampling.completion_logprobs(
+        cfg,
+        params,
+        micro["prompt"],
+        micro["completion"],
+        micro["mask"] > 0,
+        num_samples=num_samples,
+    )
 
 
 _METRIC_KEYS = ("pg_loss", "clip_frac_low", "clip_frac_high", "ratio_mean")
 
 
-def grpo_step(cfg, optimizer, loss_kwargs, num_samples, state, batch, ref_params=None,
-              grads_sharding=None):
+def grpo_step(
+    cfg, optimizer, loss_kwargs, num_samples, state, batch, ref_params=None, grads_sharding=None
+):
     """Returns (new train state, metrics) after one GRPO update of the Policy params.
 
     state: {"params", "opt_state", "step", "rng"}; batch from `train_batch`. Gradients are
@@ -161,17 +193,30 @@ def grpo_step(cfg, optimizer, loss_kwargs, num_samples, state, batch, ref_params
         ref = None
         if ref_params is not None:
             ref = jax.lax.stop_gradient(completion_logprobs(cfg, ref_params, micro, num_samples))
-        loss, metrics = losses.grpo_loss(logprobs, micro["old_logprobs"], micro["advantages"],
-                                         micro["mask"], ref_logprobs=ref, **loss_kwargs)
+        loss, metrics = losses.grpo_loss(
+            logprobs,
+            micro["old_logprobs"],
+            micro["advantages"],
+            micro["mask"],
+            ref_logprobs=ref,
+            **loss_kwargs,
+        )
         return loss * micro["weight"], {k: micro["weight"] * metrics[k] for k in keys}
 
-    grads, (loss, metric_sums) = step_lib.accumulate(micro_loss, params, batch,
-                                                     grads_sharding=grads_sharding)
+    grads, (loss, metric_sums) = step_lib.accumulate(
+        micro_loss, params, batch, grads_sharding=grads_sharding
+    )
     has_signal = jnp.sum(batch["weight"]) > 0
-    new_state, update_metrics = step_lib.update(state, grads, optimizer, loss, has_signal=has_signal)
-    metrics = {"loss": loss, **metric_sums, **update_metrics,
-               "no_signal_skipped": 1 - has_signal.astype(jnp.int32),
-               "update_norm": momentum.tree_distance(new_state["params"], params)}
+    new_state, update_metrics = step_lib.update(
+        state, grads, optimizer, loss, has_signal=has_signal
+    )
+    metrics = {
+        "loss": loss,
+        **metric_sums,
+        **update_metrics,
+        "no_signal_skipped": 1 - has_signal.astype(jnp.int32),
+        "update_norm": momentum.tree_distance(new_state["params"], params),
+    }
     return new_state, metrics
 
 
@@ -179,11 +224,16 @@ def make_grpo_step(cfg, optimizer, rl, state_shardings=None, mesh=None):
     """Returns the jitted GRPO step (train state donated); with state_shardings (and its mesh)
     the new state keeps them, the gradient carry is pinned to the params' and the metrics
     come back replicated."""
-    loss_kwargs = dict(clip_eps=rl.clip_eps, clip_eps_high=rl.clip_eps_high,
-                       kl_beta=rl.kl_beta, aggregation=rl.aggregation)
+    loss_kwargs = dict(
+        clip_eps=rl.clip_eps,
+        clip_eps_high=rl.clip_eps_high,
+        kl_beta=rl.kl_beta,
+        aggregation=rl.aggregation,
+    )
     grads_sharding = None if state_shardings is None else state_shardings["params"]
-    step = functools.partial(grpo_step, cfg, optimizer, loss_kwargs, rl.num_samples,
-                             grads_sharding=grads_sharding)
+    step = functools.partial(
+        grpo_step, cfg, optimizer, loss_kwargs, rl.num_samples, grads_sharding=grads_sharding
+    )
     return step_lib.jit_step(step, state_shardings, mesh)
 
 
@@ -215,7 +265,8 @@ def rollout_metrics(rollout):
         "rubric_failed_frac": float(1.0 - rollout.rubric_ok.mean()),
         "generator_problems": float(np.mean([len(p) for p in rollout.generator_problems])),
         "judge_problems": float(rollout.judge_problems[rollout.rubric_ok].mean())
-        if rollout.rubric_ok.any() else 0.0,
+        if rollout.rubric_ok.any()
+        else 0.0,
         "rubric_items": float(np.mean([len(r) for r in rollout.rubrics])),
     }
 
@@ -224,12 +275,18 @@ def sample_rows(step, rollout, truths):
     """Returns the JSON rows of one step's groups for <workdir>/rl_samples.jsonl."""
     rows = []
     for g, image_id in enumerate(rollout.ids):
-        row = {"step": step, "image_id": image_id, "captions": rollout.captions[g],
-               "subset": rollout.subsets[g].tolist(), "rubric_text": rollout.rubric_texts[g],
-               "rubric": [item._asdict() for item in rollout.rubrics[g]],
-               "generator_problems": rollout.generator_problems[g],
-               "decisions": rollout.decisions[g], "rewards": rollout.rewards[g].tolist(),
-               "has_signal": bool(rollout.has_signal[g])}
+        row = {
+            "step": step,
+            "image_id": image_id,
+            "captions": rollout.captions[g],
+            "subset": rollout.subsets[g].tolist(),
+            "rubric_text": rollout.rubric_texts[g],
+            "rubric": [item._asdict() for item in rollout.rubrics[g]],
+            "generator_problems": rollout.generator_problems[g],
+            "decisions": rollout.decisions[g],
+            "rewards": rollout.rewards[g].tolist(),
+            "has_signal": bool(rollout.has_signal[g]),
+        }
         if truths:
             row["truth"] = truths[g]
         rows.append(row)
@@ -268,10 +325,15 @@ class RubricSource:
 
     def logs(self, rollout):
         """Returns (the step's scalars, the per-group toy truths or [])."""
-        truths = [rl_evals.toy_truth(self.scenes[image_id], rollout, g)
-                  for g, image_id in enumerate(rollout.ids) if self.scenes]
-        return {**rollout_metrics(rollout),
-                **(rl_evals.truth_metrics(truths, rollout.rewards) if truths else {})}, truths
+        truths = [
+            rl_evals.toy_truth(self.scenes[image_id], rollout, g)
+            for g, image_id in enumerate(rollout.ids)
+            if self.scenes
+        ]
+        return {
+            **rollout_metrics(rollout),
+            **(rl_evals.truth_metrics(truths, rollout.rewards) if truths else {}),
+        }, truths
 
     def sample_rows(self, step, rollout, truths):
         """Returns the step's rows for <workdir>/rl_samples.jsonl."""
@@ -283,6 +345,7 @@ def reward_source(config, records):
     rubric reward (RubricSource) or ACE-Cap's G2P reward (mocojax.train.g2p.G2PSource)."""
     if config.rl.reward == "g2p":
         from mocojax.train import g2p
+
         return g2p.G2PSource(config, records)
     return RubricSource({r["id"]: r["scene"] for r in records if "scene" in r})
 
@@ -300,8 +363,9 @@ def initial_policy(config, workdir, setup, mesh):
     config's initial params."""
     cfg = setup.model_config
     if checkpoint.latest_step(workdir, "sft") is not None:
-        return checkpoint.restore_params(workdir, "sft", cfg,
-                                         shardings=sharding.param_shardings(cfg, mesh))[0]
+        return checkpoint.restore_params(
+            workdir, "sft", cfg, shardings=sharding.param_shardings(cfg, mesh)
+        )[0]
     logging.warning("no SFT checkpoint in %s: RL starts from the config's initial params", workdir)
     return setup.load_params(place=sharding.placer(cfg, mesh))
 
@@ -309,8 +373,11 @@ def initial_policy(config, workdir, setup, mesh):
 def rl_optimizer(config):
     """Returns the Policy's optax optimiser: config.optimizer's AdamW with the rl schedule."""
     opt = ml_collections.ConfigDict(config.optimizer.to_dict())
-    opt.lr, opt.warmup_ratio, opt.end_lr_ratio = (config.rl.lr, config.rl.warmup_ratio,
-                                                  config.rl.end_lr_ratio)
+    opt.lr, opt.warmup_ratio, opt.end_lr_ratio = (
+        config.rl.lr,
+        config.rl.warmup_ratio,
+        config.rl.end_lr_ratio,
+    )
     return state_lib.make_optimizer(opt, config.rl.num_steps)
 
 
@@ -318,8 +385,12 @@ def role_momentum_of(rl, source):
     """Returns the RoleMomentum of the config: which parameters play the Generator and the Judge.
     An exact role (toy world), or one the reward source does not use, needs no parameters and
     keeps no copy, as "policy" keeps none."""
-    return momentum.RoleMomentum(*("policy" if rl[role] == "exact" or role not in source.roles else rl[role]
-                                   for role in ("generator", "judge")))
+    return momentum.RoleMomentum(
+        *(
+            "policy" if rl[role] == "exact" or role not in source.roles else rl[role]
+            for role in ("generator", "judge")
+        )
+    )
 
 
 def exact_roles(config, scenes):
@@ -346,16 +417,29 @@ def rl_state(config, workdir, setup, cfg, mesh, optimizer, role_momentum, manage
 
     def init():
         policy = policy_0 if policy_0 is not None else initial_policy(config, workdir, setup, mesh)
-        roles_0 = (checkpoint.restore_params(rl.roles_init, "sft", cfg, shardings=params_shardings)[0]
-                   if rl.roles_init else policy)
+        roles_0 = (
+            checkpoint.restore_params(rl.roles_init, "sft", cfg, shardings=params_shardings)[0]
+            if rl.roles_init
+            else policy
+        )
         # Born on their shardings; the state's params are a copy, policy_0 stays the KL reference.
-        state, _ = sharding.init_train_state(cfg, mesh, optimizer, jax.random.key(config.seed + 1),
-                                             params=policy, with_momentum=False)
+        state, _ = sharding.init_train_state(
+            cfg,
+            mesh,
+            optimizer,
+            jax.random.key(config.seed + 1),
+            params=policy,
+            with_momentum=False,
+        )
         state["momentum"] = jax.jit(role_momentum.init, out_shardings=copies_shardings)(roles_0)
         return state
 
-    abstract = step_lib.abstract_state(cfg, optimizer, {**state_shardings, "momentum": copies_shardings},
-                                       extra=lambda params: {"momentum": role_momentum.init(params)})
+    abstract = step_lib.abstract_state(
+        cfg,
+        optimizer,
+        {**state_shardings, "momentum": copies_shardings},
+        extra=lambda params: {"momentum": role_momentum.init(params)},
+    )
     state, extra = step_lib.restore_or_init(manager, abstract, init)
     return state, extra, policy_0, state_shardings
 
@@ -379,11 +463,18 @@ def run_rl(config, workdir):
     evals = rl_evals.make(config, processor, cfg)
     optimizer = rl_optimizer(config)
     role_momentum, schedule = role_momentum_of(rl, source), momentum_schedule(rl)
-    data_iter = iter(pipeline.rl_dataset(records, global_batch_size=rl.images_per_step,
-                                         seed=config.data.seed + 1, image_size=config.data.image_size))
+    data_iter = iter(
+        pipeline.rl_dataset(
+            records,
+            global_batch_size=rl.images_per_step,
+            seed=config.data.seed + 1,
+            image_size=config.data.image_size,
+        )
+    )
     manager = checkpoint.Manager(workdir, "rl", keep=rl.keep_checkpoints)
-    state, extra, ref_params, state_shardings = rl_state(config, workdir, setup, cfg, mesh, optimizer,
-                                                         role_momentum, manager)
+    state, extra, ref_params, state_shardings = rl_state(
+        config, workdir, setup, cfg, mesh, optimizer, role_momentum, manager
+    )
     skipped = 0 if extra is None else extra["no_signal_skipped"]
     if extra is not None:
         data_iter.set_state(extra["data"])
@@ -393,8 +484,11 @@ def run_rl(config, workdir):
     writer = metrics_lib.MetricWriter(workdir, "rl", total_steps=rl.num_steps, initial_step=start)
     guard = state_lib.SkipGuard(rl.max_skipped_steps, "rl", "rl.max_skipped_steps")
     lr = state_lib.learning_rate_schedule(rl.lr, rl.num_steps, rl.warmup_ratio, rl.end_lr_ratio)
-    if start == 0 and (initial := evals.start(state["params"], role_momentum.params_for(
-            "judge", state["momentum"], state["params"]))):
+    if start == 0 and (
+        initial := evals.start(
+            state["params"], role_momentum.params_for("judge", state["momentum"], state["params"])
+        )
+    ):
         writer.write(0, initial)
     theta_at_sync = momentum.displacement_reference(state["params"], schedule)
     samples = SamplesFile(workdir, start)
@@ -403,24 +497,47 @@ def run_rl(config, workdir):
         t0 = time.perf_counter()
         copies = state.pop("momentum")
         rollout, seconds = source.collect(
-            cfg, state["params"], role_momentum.params_for("generator", copies, state["params"]),
-            role_momentum.params_for("judge", copies, state["params"]), processor, next(data_iter), rl,
-            seed=config.seed, step=step, rng=jax.random.fold_in(state["rng"], step), exact=exact)
+            cfg,
+            state["params"],
+            role_momentum.params_for("generator", copies, state["params"]),
+            role_momentum.params_for("judge", copies, state["params"]),
+            processor,
+            next(data_iter),
+            rl,
+            seed=config.seed,
+            step=step,
+            rng=jax.random.fold_in(state["rng"], step),
+            exact=exact,
+        )
         t1 = time.perf_counter()
         adv = advantages(rollout, rl)
-        state, step_metrics = step_fn(state, place_batch(mesh, train_batch(cfg, rollout, rl, adv)), ref_params)
+        state, step_metrics = step_fn(
+            state, place_batch(mesh, train_batch(cfg, rollout, rl, adv)), ref_params
+        )
         step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
         t2 = time.perf_counter()
         state["momentum"], diagnostics, theta_at_sync = momentum.sync(
-            role_momentum, schedule, copies, state["params"], step,
-            update_norm=step_metrics["update_norm"], theta_at_sync=theta_at_sync)
+            role_momentum,
+            schedule,
+            copies,
+            state["params"],
+            step,
+            update_norm=step_metrics["update_norm"],
+            theta_at_sync=theta_at_sync,
+        )
         seconds.update(update=t2 - t1, sync=time.perf_counter() - t2)
         skipped += int(step_metrics["no_signal_skipped"])
         source_metrics, truths = source.logs(rollout)
-        last = {**source_metrics, **step_metrics, **{k: float(v) for k, v in diagnostics.items()},
-                **{f"time/{k}_s": v for k, v in seconds.items()},
-                "time/step_s": time.perf_counter() - t0, "no_signal_skipped_total": skipped,
-                "lr": float(lr(step - 1)), **evals.after_update(step, state["params"])}
+        last = {
+            **source_metrics,
+            **step_metrics,
+            **{k: float(v) for k, v in diagnostics.items()},
+            **{f"time/{k}_s": v for k, v in seconds.items()},
+            "time/step_s": time.perf_counter() - t0,
+            "no_signal_skipped_total": skipped,
+            "lr": float(lr(step - 1)),
+            **evals.after_update(step, state["params"]),
+        }
         writer.write(step, last, tokens=int(rollout.lengths.sum()))
         guard.update(int(step_metrics["skipped"]), step, cleanup=(manager.close, writer.close))
         if step % rl.log_samples_every == 0:

@@ -33,7 +33,9 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
 
     # The Policy's optimiser: AdamW settings come from config.optimizer, these override its
     # schedule (paper: lr 1e-6, cosine, 5% warmup).
-    rl.lr = 2e-4  # the toy SFT lr / 5 (paper: SFT lr / 10); the toy run has 100 updates, the paper 600
+    rl.lr = (
+        2e-4  # the toy SFT lr / 5 (paper: SFT lr / 10); the toy run has 100 updates, the paper 600
+    )
     rl.warmup_ratio = 0.05
     rl.end_lr_ratio = 0.1
 
@@ -48,8 +50,12 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.momentum = 0.99  # m; 1: frozen roles, 0: copy (H = 1) or periodic copy (H > 1)
     rl.sync_every = 1  # H
     rl.momentum_schedule = "constant"  # or "byol_cosine": m -> 1 by a half cosine over the run
-    rl.reward = "rubric"  # or "g2p": Gold-MCQ judged by rl.judge ("exact": the toy oracle); no Generator
-    rl.generator = "ema"  # which params play the Generator: "ema" | "frozen" | "policy" | "exact" (toy)
+    rl.reward = (
+        "rubric"  # or "g2p": Gold-MCQ judged by rl.judge ("exact": the toy oracle); no Generator
+    )
+    rl.generator = (
+        "ema"  # which params play the Generator: "ema" | "frozen" | "policy" | "exact" (toy)
+    )
     rl.judge = "ema"
     rl.roles_init = ""  # empty: roles start from the Policy's init (shared); else a workdir
     #                     whose latest SFT checkpoint initialises the roles (separate init)
@@ -102,11 +108,19 @@ def _real(value):
 
 # Float keys: (low, high, low inclusive, high inclusive); None: unbounded on that side.
 RANGES = {
-    "lr": (0.0, None, False, True), "warmup_ratio": (0.0, 1.0, True, False), "end_lr_ratio": (0.0, 1.0, True, True),
-    "clip_eps": (0.0, 1.0, True, False), "clip_eps_high": (0.0, None, True, True), "kl_beta": (0.0, None, True, True),
-    "adv_eps": (0.0, None, False, True), "momentum": (0.0, 1.0, True, True), "judge_gate": (0.0, 1.0, True, True),
-    "temperature": (0.0, None, True, True), "generator_temperature": (0.0, None, True, True),
-    "judge_temperature": (0.0, None, True, True), "top_p": (0.0, 1.0, False, True),
+    "lr": (0.0, None, False, True),
+    "warmup_ratio": (0.0, 1.0, True, False),
+    "end_lr_ratio": (0.0, 1.0, True, True),
+    "clip_eps": (0.0, 1.0, True, False),
+    "clip_eps_high": (0.0, None, True, True),
+    "kl_beta": (0.0, None, True, True),
+    "adv_eps": (0.0, None, False, True),
+    "momentum": (0.0, 1.0, True, True),
+    "judge_gate": (0.0, 1.0, True, True),
+    "temperature": (0.0, None, True, True),
+    "generator_temperature": (0.0, None, True, True),
+    "judge_temperature": (0.0, None, True, True),
+    "top_p": (0.0, 1.0, False, True),
 }
 
 
@@ -128,10 +142,22 @@ def in_range(value, low, high, low_in, high_in):
 
 def validate(rl) -> None:
     """Raises ValueError naming the first bad `rl` key; runs before anything is compiled."""
-    positive = ("num_steps", "images_per_step", "grad_accum_steps", "num_samples", "subset_size",
-                "sync_every", "max_new_tokens", "generator_max_new_tokens",
-                "judge_max_new_tokens", "log_samples_every", "checkpoint_every",
-                "keep_checkpoints", "judge_gate_scenes", "max_skipped_steps")
+    positive = (
+        "num_steps",
+        "images_per_step",
+        "grad_accum_steps",
+        "num_samples",
+        "subset_size",
+        "sync_every",
+        "max_new_tokens",
+        "generator_max_new_tokens",
+        "judge_max_new_tokens",
+        "log_samples_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "judge_gate_scenes",
+        "max_skipped_steps",
+    )
     for key, bounds in RANGES.items():
         if not in_range(rl[key], *bounds):
             _fail(key, rl[key], "must be " + describe_range(*bounds))
@@ -145,8 +171,11 @@ def validate(rl) -> None:
     if rl.subset_size > rl.num_samples:
         _fail("subset_size", rl.subset_size, f"must be <= num_samples = {rl.num_samples}")
     if rl.images_per_step % rl.grad_accum_steps:
-        _fail("grad_accum_steps", rl.grad_accum_steps,
-              f"must divide images_per_step = {rl.images_per_step} (micro-batches hold whole groups)")
+        _fail(
+            "grad_accum_steps",
+            rl.grad_accum_steps,
+            f"must divide images_per_step = {rl.images_per_step} (micro-batches hold whole groups)",
+        )
     if rl.momentum_schedule not in MOMENTUM_SCHEDULES:
         _fail("momentum_schedule", rl.momentum_schedule, f"must be one of {MOMENTUM_SCHEDULES}")
     for key in ("generator", "judge"):

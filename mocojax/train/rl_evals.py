@@ -10,8 +10,7 @@ import logging
 
 import numpy as np
 
-from mocojax.data import toyroles
-from mocojax.data import toyworld as tw
+from mocojax.data import toyroles, toyworld as tw
 from mocojax.eval import toyworld_eval
 
 
@@ -28,7 +27,10 @@ class ToyWorldEvals:
         if rl.judge == "exact" or rl.reward != "rubric":
             return {}
         gate = judge_gate(self.config, self.processor, judge_params, self.cfg)
-        return {**gate, **(held_out(self.config, self.processor, params, self.cfg) if rl.eval_every else {})}
+        return {
+            **gate,
+            **(held_out(self.config, self.processor, params, self.cfg) if rl.eval_every else {}),
+        }
 
     def after_update(self, step, params):
         """Returns the held-out eval of the Policy every rl.eval_every updates and after the last ({} otherwise)."""
@@ -67,21 +69,35 @@ def judge_gate(config, processor, judge_params, cfg):
     raises when config.rl.judge_gate_refuse is set: a Judge that cannot tell a caption that
     meets an item from one that does not gives rewards without signal about quality."""
     rl = config.rl
-    gate = toyworld_eval.judge_gate(cfg, judge_params, processor, seed=config.data.seed,
-                                    start=config.data.num_train_scenes, num_scenes=rl.judge_gate_scenes,
-                                    batch_size=config.eval.batch_size, max_new_tokens=rl.judge_max_new_tokens)
+    gate = toyworld_eval.judge_gate(
+        cfg,
+        judge_params,
+        processor,
+        seed=config.data.seed,
+        start=config.data.num_train_scenes,
+        num_scenes=rl.judge_gate_scenes,
+        batch_size=config.eval.batch_size,
+        max_new_tokens=rl.judge_max_new_tokens,
+    )
     # Within each item kind: a Judge that only learned each kind's usual answer scores 0.5.
     score = gate["balanced_accuracy_within_kind"]
-    message = (f"the Judge's balanced accuracy within item kinds on held-out RL-like captions is "
-               f"{score:.3f} (pooled {gate['balanced_accuracy']:.3f}, accuracy {gate['accuracy']:.3f}; "
-               f"an always-1 Judge: accuracy {gate['accuracy_always_1']:.3f}, balanced 0.5), "
-               f"threshold config.rl.judge_gate={rl.judge_gate}")
+    message = (
+        f"the Judge's balanced accuracy within item kinds on held-out RL-like captions is "
+        f"{score:.3f} (pooled {gate['balanced_accuracy']:.3f}, accuracy {gate['accuracy']:.3f}; "
+        f"an always-1 Judge: accuracy {gate['accuracy_always_1']:.3f}, balanced 0.5), "
+        f"threshold config.rl.judge_gate={rl.judge_gate}"
+    )
     if score < rl.judge_gate:
         if rl.judge_gate_refuse:
-            raise RuntimeError(f"RL refused: {message}. Train the roles longer (config.sft.num_steps) "
-                               "or set config.rl.judge_gate_refuse=False to run anyway.")
+            raise RuntimeError(
+                f"RL refused: {message}. Train the roles longer (config.sft.num_steps) "
+                "or set config.rl.judge_gate_refuse=False to run anyway."
+            )
         logging.warning("!" * 80)
-        logging.warning("JUDGE GATE FAILED: %s. Rewards will carry little signal about caption quality.", message)
+        logging.warning(
+            "JUDGE GATE FAILED: %s. Rewards will carry little signal about caption quality.",
+            message,
+        )
         logging.warning("!" * 80)
     else:
         logging.info("judge gate passed: %s", message)
@@ -97,12 +113,18 @@ def toy_truth(scene, rollout, g):
     decision_right = []
     for caption, values in zip(rollout.captions[g], rollout.decisions[g]):
         mentions, background = tw.parse_caption(caption)
-        decision_right.append([None if f is None else
-                               int(toyroles.judge_fact(f, mentions, background).value == v)
-                               for f, v in zip(facts, values)])
-    return {"f1": [m["f1"] for m in metrics],
-            "hallucinated": [len(m["hallucinated"]) for m in metrics],
-            "item_true": item_true, "decision_right": decision_right}
+        decision_right.append(
+            [
+                None if f is None else int(toyroles.judge_fact(f, mentions, background).value == v)
+                for f, v in zip(facts, values)
+            ]
+        )
+    return {
+        "f1": [m["f1"] for m in metrics],
+        "hallucinated": [len(m["hallucinated"]) for m in metrics],
+        "item_true": item_true,
+        "decision_right": decision_right,
+    }
 
 
 def truth_metrics(truths, rewards):
@@ -111,10 +133,15 @@ def truth_metrics(truths, rewards):
     or "decision_right"."""
     f1 = [v for t in truths for v in t["f1"]]
     items = [v for t in truths for v in t.get("item_true", [])]
-    decisions = [v for t in truths for row in t.get("decision_right", []) for v in row if v is not None]
-    out = {"true/caption_f1": float(np.mean(f1)),
-           "true/hallucinated_per_caption": float(np.mean([v for t in truths
-                                                           for v in t["hallucinated"]]))}
+    decisions = [
+        v for t in truths for row in t.get("decision_right", []) for v in row if v is not None
+    ]
+    out = {
+        "true/caption_f1": float(np.mean(f1)),
+        "true/hallucinated_per_caption": float(
+            np.mean([v for t in truths for v in t["hallucinated"]])
+        ),
+    }
     if items:
         out["true/rubric_item_truth"] = float(np.mean([bool(v) for v in items]))
         out["true/rubric_item_unreadable"] = float(np.mean([v is None for v in items]))
@@ -135,6 +162,9 @@ def within_group_corr(rewards, f1):
 
     rewards, f1 [G, N]. Groups where either side is constant carry no ranking and are left out.
     """
-    rs = [np.corrcoef(r, f)[0, 1] for r, f in zip(np.asarray(rewards, np.float64), np.asarray(f1, np.float64))
-          if np.std(r) > 0 and np.std(f) > 0]
+    rs = [
+        np.corrcoef(r, f)[0, 1]
+        for r, f in zip(np.asarray(rewards, np.float64), np.asarray(f1, np.float64))
+        if np.std(r) > 0 and np.std(f) > 0
+    ]
     return float(np.mean(rs)) if rs else None

@@ -75,32 +75,69 @@ class Rollout(PolicySamples):
 def decode_texts(tokenizer, tokens, lengths, eos_token_ids):
     """Returns the text of each row of tokens [R, T] up to its length, EOS tokens dropped."""
     eos = set(int(t) for t in eos_token_ids)
-    return [tokenizer.decode([int(t) for t in row[:n] if int(t) not in eos],
-                             skip_special_tokens=True).strip()
-            for row, n in zip(np.asarray(tokens), np.asarray(lengths))]
+    return [
+        tokenizer.decode(
+            [int(t) for t in row[:n] if int(t) not in eos], skip_special_tokens=True
+        ).strip()
+        for row, n in zip(np.asarray(tokens), np.asarray(lengths))
+    ]
 
 
-def _generate(cfg, params, processor, conversations, *, num_samples, max_new_tokens,
-              temperature, top_p=1.0, top_k=0, rng=None):
+def _generate(
+    cfg,
+    params,
+    processor,
+    conversations,
+    *,
+    num_samples,
+    max_new_tokens,
+    temperature,
+    top_p=1.0,
+    top_k=0,
+    rng=None,
+):
     """Returns (Processor batch, sampler output) for prompts built from conversations."""
     batch = processor(conversations, mode="generate")
-    out = sampling.generate(cfg, params, batch["input_ids"], batch["attention_mask"],
-                            batch["pixel_values"], batch["image_grid_thw"],
-                            max_new_tokens=max_new_tokens, num_samples=num_samples,
-                            temperature=temperature, top_p=top_p, top_k=top_k,
-                            eos_token_ids=processor.eos_token_ids, pad_id=processor.pad_token_id,
-                            rng=rng)
+    out = sampling.generate(
+        cfg,
+        params,
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["pixel_values"],
+        batch["image_grid_thw"],
+        max_new_tokens=max_new_tokens,
+        num_samples=num_samples,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        eos_token_ids=processor.eos_token_ids,
+        pad_id=processor.pad_token_id,
+        rng=rng,
+    )
     return batch, distributed.fetch(out)
 
 
 def sample_policy(cfg, params, processor, images, rl, rng):
     """Returns (prompt batch, tokens [G*N, T], logprobs [G*N, T], lengths [G*N]) of the Policy."""
     conversations = [roles.policy_messages(image) for image in images]
-    batch, out = _generate(cfg, params, processor, conversations, num_samples=rl.num_samples,
-                           max_new_tokens=rl.max_new_tokens, temperature=rl.temperature,
-                           top_p=rl.top_p, top_k=rl.top_k, rng=rng)
-    return (batch, np.asarray(out.tokens), np.asarray(out.logprobs, np.float32),
-            np.asarray(out.lengths))
+    batch, out = _generate(
+        cfg,
+        params,
+        processor,
+        conversations,
+        num_samples=rl.num_samples,
+        max_new_tokens=rl.max_new_tokens,
+        temperature=rl.temperature,
+        top_p=rl.top_p,
+        top_k=rl.top_k,
+        rng=rng,
+    )
+    return (
+        batch,
+        np.asarray(out.tokens),
+        np.asarray(out.logprobs, np.float32),
+        np.asarray(out.lengths),
+    )
 
 
 def policy_captions(cfg, params, processor, images, rl, rng):
@@ -108,22 +145,38 @@ def policy_captions(cfg, params, processor, images, rl, rng):
     prompt, tokens, logprobs, lengths = sample_policy(cfg, params, processor, images, rl, rng)
     texts = decode_texts(processor.tokenizer, tokens, lengths, processor.eos_token_ids)
     n = rl.num_samples
-    return prompt, tokens, logprobs, lengths, [texts[g * n:(g + 1) * n] for g in range(len(images))]
+    return (
+        prompt,
+        tokens,
+        logprobs,
+        lengths,
+        [texts[g * n : (g + 1) * n] for g in range(len(images))],
+    )
 
 
 def write_rubrics(cfg, params, processor, images, references, subsets_text, rl, rng):
     """Returns (raw texts [G], rubric items [G], parser problems [G]) from the Generator."""
-    conversations = [roles.generator_messages(image, refs, subset)
-                     for image, refs, subset in zip(images, references, subsets_text)]
-    _, out = _generate(cfg, params, processor, conversations, num_samples=1,
-                       max_new_tokens=rl.generator_max_new_tokens,
-                       temperature=rl.generator_temperature, rng=rng)
+    conversations = [
+        roles.generator_messages(image, refs, subset)
+        for image, refs, subset in zip(images, references, subsets_text)
+    ]
+    _, out = _generate(
+        cfg,
+        params,
+        processor,
+        conversations,
+        num_samples=1,
+        max_new_tokens=rl.generator_max_new_tokens,
+        temperature=rl.generator_temperature,
+        rng=rng,
+    )
     texts = decode_texts(processor.tokenizer, out.tokens, out.lengths, processor.eos_token_ids)
     # parse_rubric reads an unterminated last line as truncated; a decoded reply that stopped
     # at EOS is complete, so it gets its line end back.
     finished = np.asarray(out.lengths) < rl.generator_max_new_tokens
-    parsed = [roles.parse_rubric(text + "\n" if done else text)
-              for text, done in zip(texts, finished)]
+    parsed = [
+        roles.parse_rubric(text + "\n" if done else text) for text, done in zip(texts, finished)
+    ]
     return texts, [items for items, _ in parsed], [problems for _, problems in parsed]
 
 
@@ -139,7 +192,7 @@ def split_shared_prefix(input_ids, attention_mask, group_size):
     rows = [ids[mask > 0] for ids, mask in zip(np.asarray(input_ids), np.asarray(attention_mask))]
     prefixes, continuations = [], []
     for g in range(len(rows) // group_size):
-        group = rows[g * group_size:(g + 1) * group_size]
+        group = rows[g * group_size : (g + 1) * group_size]
         shared = min(len(r) for r in group) - 1
         for r in group[1:]:
             differs = np.nonzero(r[:shared] != group[0][:shared])[0]
@@ -167,11 +220,22 @@ def judge_texts(cfg, params, processor, conversations, n, rl, rng):
     """
     batch = processor(conversations, mode="generate")
     prefix_ids, prefix_mask, tails, tail_mask = split_shared_prefix(
-        batch["input_ids"], batch["attention_mask"], n)
+        batch["input_ids"], batch["attention_mask"], n
+    )
     out = sampling.generate_with_shared_prefix(
-        cfg, params, prefix_ids, prefix_mask, continuations=tails, continuation_mask=tail_mask,
-        max_new_tokens=rl.judge_max_new_tokens, num_samples=n, temperature=rl.judge_temperature,
-        eos_token_ids=processor.eos_token_ids, pad_id=processor.pad_token_id, rng=rng)
+        cfg,
+        params,
+        prefix_ids,
+        prefix_mask,
+        continuations=tails,
+        continuation_mask=tail_mask,
+        max_new_tokens=rl.judge_max_new_tokens,
+        num_samples=n,
+        temperature=rl.judge_temperature,
+        eos_token_ids=processor.eos_token_ids,
+        pad_id=processor.pad_token_id,
+        rng=rng,
+    )
     out = distributed.fetch(out)
     return decode_texts(processor.tokenizer, out.tokens, out.lengths, processor.eos_token_ids)
 
@@ -188,8 +252,15 @@ def judge_captions(cfg, params, processor, rubrics, captions, rl, rng):
     judged = [g for g in range(num_groups) if rubrics[g]]
     if not judged:
         return decisions, problems
-    texts = judge_texts(cfg, params, processor, [roles.judge_messages(rubrics[g], caption)
-                                                  for g in judged for caption in captions[g]], n, rl, rng)
+    texts = judge_texts(
+        cfg,
+        params,
+        processor,
+        [roles.judge_messages(rubrics[g], caption) for g in judged for caption in captions[g]],
+        n,
+        rl,
+        rng,
+    )
     for row, text in enumerate(texts):
         g, i = judged[row // n], row % n
         values, found = roles.parse_decisions(text, len(rubrics[g]))
@@ -201,19 +272,39 @@ def judge_captions(cfg, params, processor, rubrics, captions, rl, rng):
 def choose_subsets(seed, step, num_groups, num_samples, subset_size):
     """Returns int [G, M]: a seeded random subset of M of the N captions per group."""
     rng = np.random.default_rng([seed, step])
-    return np.stack([np.sort(rng.choice(num_samples, subset_size, replace=False))
-                     for _ in range(num_groups)])
+    return np.stack(
+        [np.sort(rng.choice(num_samples, subset_size, replace=False)) for _ in range(num_groups)]
+    )
 
 
 def group_rewards(rubrics, decisions):
     """Returns float32 [G, N] rewards sum(w b) / sum(w); 0 for groups without a rubric."""
-    return np.asarray([[roles.rubric_reward([item.weight for item in rubric], values)
-                        if rubric else 0.0 for values in group]
-                       for rubric, group in zip(rubrics, decisions)], np.float32)
+    return np.asarray(
+        [
+            [
+                roles.rubric_reward([item.weight for item in rubric], values) if rubric else 0.0
+                for values in group
+            ]
+            for rubric, group in zip(rubrics, decisions)
+        ],
+        np.float32,
+    )
 
 
-def collect(cfg, policy_params, generator_params, judge_params, processor, group, rl, *,
-            seed, step, rng, exact=None):
+def collect(
+    cfg,
+    policy_params,
+    generator_params,
+    judge_params,
+    processor,
+    group,
+    rl,
+    *,
+    seed,
+    step,
+    rng,
+    exact=None,
+):
     """Returns (Rollout, seconds per phase) for a group list of {id, image, references}.
 
     rng is a jax key for the Policy's sampling (the roles decode greedily unless their
@@ -224,33 +315,57 @@ def collect(cfg, policy_params, generator_params, judge_params, processor, group
     seconds = {}
     timer = functools.partial(timed, seconds)
     with timer("policy_sampling"):
-        prompt, tokens, logprobs, lengths, captions = policy_captions(cfg, policy_params, processor,
-                                                                      images, rl, rng)
+        prompt, tokens, logprobs, lengths, captions = policy_captions(
+            cfg, policy_params, processor, images, rl, rng
+        )
     n = rl.num_samples
     subsets = choose_subsets(seed, step, len(group), n, rl.subset_size)
     shown = [[captions[g][i] for i in subsets[g]] for g in range(len(group))]
     with timer("rubric_generation"):
         if rl.generator == "exact":
             rubrics = [exact.rubric(e["id"], s) for e, s in zip(group, shown)]
-            rubric_texts, generator_problems = [roles.format_rubric(r) for r in rubrics], [[] for _ in group]
+            rubric_texts, generator_problems = (
+                [roles.format_rubric(r) for r in rubrics],
+                [[] for _ in group],
+            )
         else:
             rubric_texts, rubrics, generator_problems = write_rubrics(
-                cfg, generator_params, processor, images, [e["references"] for e in group], shown, rl,
-                jax.random.fold_in(rng, 1))
+                cfg,
+                generator_params,
+                processor,
+                images,
+                [e["references"] for e in group],
+                shown,
+                rl,
+                jax.random.fold_in(rng, 1),
+            )
     with timer("judging"):
         if rl.judge == "exact":
-            decisions = [[exact.decisions(rubric, c) if rubric else [] for c in caps]
-                         for rubric, caps in zip(rubrics, captions)]
+            decisions = [
+                [exact.decisions(rubric, c) if rubric else [] for c in caps]
+                for rubric, caps in zip(rubrics, captions)
+            ]
             judge_problems = np.zeros((len(group), n), np.int32)
         else:
-            decisions, judge_problems = judge_captions(cfg, judge_params, processor, rubrics,
-                                                       captions, rl, jax.random.fold_in(rng, 2))
+            decisions, judge_problems = judge_captions(
+                cfg, judge_params, processor, rubrics, captions, rl, jax.random.fold_in(rng, 2)
+            )
     rollout = Rollout(
-        ids=[e["id"] for e in group], prompt=prompt, tokens=tokens, logprobs=logprobs,
-        lengths=lengths, captions=captions, subsets=subsets, rubric_texts=rubric_texts,
-        rubrics=rubrics, generator_problems=generator_problems, decisions=decisions,
-        judge_problems=judge_problems, rewards=group_rewards(rubrics, decisions),
-        rubric_ok=np.asarray([bool(r) for r in rubrics]))
+        ids=[e["id"] for e in group],
+        prompt=prompt,
+        tokens=tokens,
+        logprobs=logprobs,
+        lengths=lengths,
+        captions=captions,
+        subsets=subsets,
+        rubric_texts=rubric_texts,
+        rubrics=rubrics,
+        generator_problems=generator_problems,
+        decisions=decisions,
+        judge_problems=judge_problems,
+        rewards=group_rewards(rubrics, decisions),
+        rubric_ok=np.asarray([bool(r) for r in rubrics]),
+    )
     return rollout, seconds
 
 

@@ -17,13 +17,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mocojax import checkpoint, config_utils, distributed, losses, model, sharding
-from mocojax import metrics as metrics_lib
-from mocojax.data import pipeline
-from mocojax.data import records as records_lib
+from mocojax import (
+    checkpoint,
+    config_utils,
+    distributed,
+    losses,
+    metrics as metrics_lib,
+    model,
+    sharding,
+)
+from mocojax.data import pipeline, records as records_lib
 from mocojax.model.rope import default_row_len, pad_vision_metadata
-from mocojax.train import state as state_lib
-from mocojax.train import step as step_lib
+from mocojax.train import state as state_lib, step as step_lib
 
 NUM_ROLES = len(records_lib.ROLES)
 
@@ -49,29 +54,51 @@ def micro_batches(cfg, batch, num_micro, max_patches=None):
     need = max(patches.stop - patches.start for _, patches in spans)
     num_patches = max_patches or _next_power_of_two(max(need, 1))
     if need > num_patches:
-        raise ValueError(f"a micro-batch holds {need} image patches, more than data.max_patches={max_patches}")
+        raise ValueError(
+            f"a micro-batch holds {need} image patches, more than data.max_patches={max_patches}"
+        )
     row_len = default_row_len(grid)  # one packed attention row length, so micro-batches stack
     parts = []
     for a, (sub_grid, patches) in enumerate(spans):
         rows = slice(a * size, (a + 1) * size)
-        inputs = model.prepare_inputs(cfg, input_ids[rows], batch["attention_mask"][rows], sub_grid if len(sub_grid) else None,
-                                      batch["mm_token_type_ids"][rows])
+        inputs = model.prepare_inputs(
+            cfg,
+            input_ids[rows],
+            batch["attention_mask"][rows],
+            sub_grid if len(sub_grid) else None,
+            batch["mm_token_type_ids"][rows],
+        )
         vision = model.vision_metadata(cfg.vision, sub_grid, row_len=row_len)
         pixels = np.zeros((num_patches, cfg.vision.patch_dim), np.float32)
         if len(sub_grid):
-            pixels[:patches.stop - patches.start] = batch["pixel_values"][patches]
-        parts.append({"input_ids": input_ids[rows], "attention_mask": batch["attention_mask"][rows],
-                      "loss_mask": batch["loss_mask"][rows], "role": batch["role"][rows],
-                      "positions": inputs.positions.astype(np.int32), "pixel_values": pixels,
-                      "vision": pad_vision_metadata(vision, num_patches)})
+            pixels[: patches.stop - patches.start] = batch["pixel_values"][patches]
+        parts.append(
+            {
+                "input_ids": input_ids[rows],
+                "attention_mask": batch["attention_mask"][rows],
+                "loss_mask": batch["loss_mask"][rows],
+                "role": batch["role"][rows],
+                "positions": inputs.positions.astype(np.int32),
+                "pixel_values": pixels,
+                "vision": pad_vision_metadata(vision, num_patches),
+            }
+        )
     return step_lib.stack(parts)
 
 
 def batch_nll(cfg, params, micro):
     """Returns (nll_sum, token_count, role_nll_sums [R], role_token_counts [R]) of one micro-batch."""
     pixel_values = micro["pixel_values"].astype(jnp.dtype(cfg.dtype))
-    _, aux = model.apply(cfg, params, micro["input_ids"], micro["attention_mask"], micro["positions"],
-                         pixel_values, micro["vision"], return_hidden=True)
+    _, aux = model.apply(
+        cfg,
+        params,
+        micro["input_ids"],
+        micro["attention_mask"],
+        micro["positions"],
+        pixel_values,
+        micro["vision"],
+        return_hidden=True,
+    )
     # hidden[:, t] predicts input_ids[:, t + 1]; loss_mask marks target tokens of input_ids. The
     # log-softmax runs cfg.logits_chunk positions at a time (model.target_logprobs).
     targets, mask = micro["input_ids"][:, 1:], micro["loss_mask"][:, 1:]
@@ -92,7 +119,9 @@ def _role_metrics(role_nll, role_tokens):
     out = {}
     for r, name in enumerate(records_lib.ROLES):
         # NaN, not 0, for a role absent from the batch (role-grouped batches hold one role).
-        out[f"loss_{name}"] = jnp.where(role_tokens[r] > 0, role_nll[r] / jnp.maximum(role_tokens[r], 1.0), jnp.nan)
+        out[f"loss_{name}"] = jnp.where(
+            role_tokens[r] > 0, role_nll[r] / jnp.maximum(role_tokens[r], 1.0), jnp.nan
+        )
         out[f"tokens_{name}"] = role_tokens[r]
     return out
 
@@ -104,24 +133,38 @@ def train_step(cfg, optimizer, state, batch, grads_sharding=None):
     global batch's target-token count. grads_sharding: the params' shardings (see step.accumulate).
     """
     grads, (nll, (tokens, role_nll, role_tokens)) = step_lib.accumulate(
-        functools.partial(_micro_loss, cfg), state["params"], batch, grads_sharding=grads_sharding)
+        functools.partial(_micro_loss, cfg), state["params"], batch, grads_sharding=grads_sharding
+    )
     denom = jnp.maximum(tokens, 1.0)
     loss = nll / denom
     grads = jax.tree.map(lambda g: g / denom, grads)
     new_state, update_metrics = step_lib.update(state, grads, optimizer, loss)
-    metrics = {"loss": loss, "target_tokens": tokens, **update_metrics, **_role_metrics(role_nll, role_tokens)}
+    metrics = {
+        "loss": loss,
+        "target_tokens": tokens,
+        **update_metrics,
+        **_role_metrics(role_nll, role_tokens),
+    }
     return new_state, metrics
 
 
 def eval_step(cfg, params, batch):
     """Returns the summed NLL and token counts of a batch, overall and per role (for held-out loss)."""
     _, (nll, (tokens, role_nll, role_tokens)) = step_lib.accumulate(
-        functools.partial(_micro_loss, cfg), params, batch, with_grad=False)
+        functools.partial(_micro_loss, cfg), params, batch, with_grad=False
+    )
     return {"nll": nll, "tokens": tokens, "role_nll": role_nll, "role_tokens": role_tokens}
 
 
-BATCH_DIMS = {"input_ids": 1, "attention_mask": 1, "loss_mask": 1, "role": 1, "positions": 2,
-              "pixel_values": None, "vision": None}  # [A, b, ...]; patches stay replicated
+BATCH_DIMS = {
+    "input_ids": 1,
+    "attention_mask": 1,
+    "loss_mask": 1,
+    "role": 1,
+    "positions": 2,
+    "pixel_values": None,
+    "vision": None,
+}  # [A, b, ...]; patches stay replicated
 
 
 def make_train_step(cfg, optimizer, mesh, state_shardings):
@@ -139,13 +182,17 @@ def global_host_batch(host_batch, pad_token_id, patch_dim):
     """
     if jax.process_count() == 1:
         return host_batch
-    batch = pipeline.pad_to(host_batch, distributed.process_max(host_batch["input_ids"].shape[1]), pad_token_id)
+    batch = pipeline.pad_to(
+        host_batch, distributed.process_max(host_batch["input_ids"].shape[1]), pad_token_id
+    )
     # A process without images must still join the gathers of the image fields.
     if batch["image_grid_thw"] is None:
         batch["image_grid_thw"] = np.zeros((0, 3), np.int64)
     if batch["pixel_values"] is None:
         batch["pixel_values"] = np.zeros((0, patch_dim), np.float32)
-    batch = {k: distributed.gather_rows(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+    batch = {
+        k: distributed.gather_rows(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()
+    }
     if not len(batch["image_grid_thw"]):
         batch["image_grid_thw"] = batch["pixel_values"] = None
     return batch
@@ -153,7 +200,9 @@ def global_host_batch(host_batch, pad_token_id, patch_dim):
 
 def device_batch(cfg, mesh, host_batch, num_micro, max_patches):
     """Returns the micro-batched global batch (jax.Arrays sharded by BATCH_DIMS) of a global host batch."""
-    return step_lib.place_batch(mesh, micro_batches(cfg, host_batch, num_micro, max_patches), BATCH_DIMS)
+    return step_lib.place_batch(
+        mesh, micro_batches(cfg, host_batch, num_micro, max_patches), BATCH_DIMS
+    )
 
 
 def evaluate_loss(eval_step_fn, params, batches):
@@ -187,14 +236,16 @@ def sft_state(config, workdir, setup, cfg, mesh, optimizer, manager):
     def init():
         init_stage = config.sft.get("init_stage", "")
         if init_stage:
-            params = checkpoint.restore_params(workdir, init_stage, setup.model_config,
-                                               shardings=state_shardings["params"])[0]
+            params = checkpoint.restore_params(
+                workdir, init_stage, setup.model_config, shardings=state_shardings["params"]
+            )[0]
         elif config.model.init_from:
             params = setup.load_params(place=sharding.placer(cfg, mesh))
         else:
             params = None
-        return sharding.init_train_state(cfg, mesh, optimizer, jax.random.key(config.seed),
-                                         params=params, with_momentum=False)[0]
+        return sharding.init_train_state(
+            cfg, mesh, optimizer, jax.random.key(config.seed), params=params, with_momentum=False
+        )[0]
 
     abstract = step_lib.abstract_state(cfg, optimizer, state_shardings)
     return (*step_lib.restore_or_init(manager, abstract, init), state_shardings)
@@ -208,17 +259,28 @@ def run_sft(config, workdir):
     cfg = sharding.model_config(setup.model_config, mesh)
     train_examples, eval_examples = config_utils.sft_examples(config, setup.processor)
     optimizer = state_lib.make_optimizer(config.optimizer, sft.num_steps)
-    schedule = state_lib.learning_rate_schedule(config.optimizer.lr, sft.num_steps,
-                                                config.optimizer.warmup_ratio, config.optimizer.end_lr_ratio)
+    schedule = state_lib.learning_rate_schedule(
+        config.optimizer.lr,
+        sft.num_steps,
+        config.optimizer.warmup_ratio,
+        config.optimizer.end_lr_ratio,
+    )
     process_index, process_count = jax.process_index(), jax.process_count()
     num_micro = sft.grad_accum_steps
 
     def dataset(examples, seed, num_epochs, group_by_role=False):
-        return pipeline.sft_dataset(examples, setup.processor, global_batch_size=sft.global_batch_size,
-                                    seed=seed, num_epochs=num_epochs, process_index=process_index,
-                                    process_count=process_count, buckets=tuple(data_config.length_buckets),
-                                    image_size=data_config.image_size,
-                                    group_by_role=group_by_role)
+        return pipeline.sft_dataset(
+            examples,
+            setup.processor,
+            global_batch_size=sft.global_batch_size,
+            seed=seed,
+            num_epochs=num_epochs,
+            process_index=process_index,
+            process_count=process_count,
+            buckets=tuple(data_config.length_buckets),
+            image_size=data_config.image_size,
+            group_by_role=group_by_role,
+        )
 
     data_iter = iter(dataset(train_examples, data_config.seed, None, data_config.group_by_role))
     manager = checkpoint.Manager(workdir, "sft", keep=sft.keep_checkpoints)
@@ -235,12 +297,20 @@ def run_sft(config, workdir):
 
     def device_batches(host_batches):
         for host_batch in host_batches:
-            yield device_batch(cfg, mesh, global_host_batch(host_batch, pad_token_id, cfg.vision.patch_dim), num_micro,
-                               data_config.max_patches)
+            yield device_batch(
+                cfg,
+                mesh,
+                global_host_batch(host_batch, pad_token_id, cfg.vision.patch_dim),
+                num_micro,
+                data_config.max_patches,
+            )
 
     writer = metrics_lib.MetricWriter(workdir, "sft", total_steps=sft.num_steps, initial_step=start)
-    guard = state_lib.SkipGuard(config.optimizer.get("max_skipped_steps", state_lib.MAX_SKIPPED_STEPS), "sft",
-                                "optimizer.max_skipped_steps")
+    guard = state_lib.SkipGuard(
+        config.optimizer.get("max_skipped_steps", state_lib.MAX_SKIPPED_STEPS),
+        "sft",
+        "optimizer.max_skipped_steps",
+    )
     last = {}
     for step in range(start + 1, sft.num_steps + 1):
         t0 = time.perf_counter()
@@ -251,10 +321,18 @@ def run_sft(config, workdir):
         seconds = time.perf_counter() - t0
         skipped += int(last["skipped"])
         tokens = int(host_batch["attention_mask"].sum())
-        last.update(skipped_total=skipped, tokens_per_s=tokens / seconds, step_time_s=seconds,
-                    lr=float(schedule(step - 1)))
+        last.update(
+            skipped_total=skipped,
+            tokens_per_s=tokens / seconds,
+            step_time_s=seconds,
+            lr=float(schedule(step - 1)),
+        )
         if eval_examples and (step % sft.eval_every == 0 or step == sft.num_steps):
-            last.update(evaluate_loss(eval_fn, state["params"], device_batches(dataset(eval_examples, 0, 1))))
+            last.update(
+                evaluate_loss(
+                    eval_fn, state["params"], device_batches(dataset(eval_examples, 0, 1))
+                )
+            )
         writer.write(step, last, tokens=tokens)
         guard.update(int(last["skipped"]), step, cleanup=(manager.close, writer.close))
         if step % sft.checkpoint_every == 0 or step == sft.num_steps:

@@ -13,24 +13,39 @@ def learning_rate_schedule(lr, total_steps, warmup_ratio, end_lr_ratio=0.0):
     """Returns step -> lr: linear warmup over ceil(warmup_ratio * total_steps) steps, then cosine decay."""
     warmup_steps = int(-(-warmup_ratio * total_steps // 1))
     return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=lr, warmup_steps=warmup_steps,
-        decay_steps=max(total_steps, warmup_steps + 1), end_value=lr * end_lr_ratio)
+        init_value=0.0,
+        peak_value=lr,
+        warmup_steps=warmup_steps,
+        decay_steps=max(total_steps, warmup_steps + 1),
+        end_value=lr * end_lr_ratio,
+    )
 
 
 def make_optimizer(opt_config, total_steps):
     """Returns the optax transformation of an `optimizer` config block: clip, then AdamW on the schedule."""
-    schedule = learning_rate_schedule(opt_config.lr, total_steps, opt_config.warmup_ratio,
-                                      opt_config.end_lr_ratio)
+    schedule = learning_rate_schedule(
+        opt_config.lr, total_steps, opt_config.warmup_ratio, opt_config.end_lr_ratio
+    )
     return optax.chain(
         optax.clip_by_global_norm(opt_config.grad_clip_norm),
-        optax.adamw(schedule, b1=opt_config.b1, b2=opt_config.b2, eps=opt_config.eps,
-                    weight_decay=opt_config.weight_decay))
+        optax.adamw(
+            schedule,
+            b1=opt_config.b1,
+            b2=opt_config.b2,
+            eps=opt_config.eps,
+            weight_decay=opt_config.weight_decay,
+        ),
+    )
 
 
 def init_state(params, optimizer, rng):
     """Returns the train state {"params", "opt_state", "step" (int32 scalar), "rng" (typed key)}."""
-    return {"params": params, "opt_state": optimizer.init(params),
-            "step": jnp.zeros((), jnp.int32), "rng": rng}
+    return {
+        "params": params,
+        "opt_state": optimizer.init(params),
+        "step": jnp.zeros((), jnp.int32),
+        "rng": rng,
+    }
 
 
 def apply_gradients(state, grads, optimizer, loss):
@@ -43,8 +58,12 @@ def apply_gradients(state, grads, optimizer, loss):
     params_finite = jnp.all(jnp.stack([jnp.isfinite(p).all() for p in jax.tree.leaves(params)]))
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & params_finite
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-    new_state = dict(state, params=keep(params, state["params"]),
-                     opt_state=keep(opt_state, state["opt_state"]), step=state["step"] + 1)
+    new_state = dict(
+        state,
+        params=keep(params, state["params"]),
+        opt_state=keep(opt_state, state["opt_state"]),
+        step=state["step"] + 1,
+    )
     return new_state, {"grad_norm": grad_norm, "skipped": 1 - finite.astype(jnp.int32)}
 
 
@@ -68,4 +87,5 @@ class SkipGuard:
             raise RuntimeError(
                 f"{self.stage}: {self.run} consecutive updates (to step {step}) were skipped because the loss, "
                 f"the gradient or the updated parameters were not finite; stopping (config.{self.key}="
-                f"{self.limit}). Check the learning rate and the data; the last checkpoint holds finite params.")
+                f"{self.limit}). Check the learning rate and the data; the last checkpoint holds finite params."
+            )

@@ -65,8 +65,11 @@ def update(state, grads, optimizer, loss, *, has_signal=None):
     new_state, metrics = state_lib.apply_gradients(state, grads, optimizer, loss)
     if has_signal is not None:
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(has_signal, a, b), new, old)
-        new_state = dict(new_state, params=keep(new_state["params"], state["params"]),
-                         opt_state=keep(new_state["opt_state"], state["opt_state"]))
+        new_state = dict(
+            new_state,
+            params=keep(new_state["params"], state["params"]),
+            opt_state=keep(new_state["opt_state"], state["opt_state"]),
+        )
     return new_state, metrics
 
 
@@ -75,7 +78,9 @@ def jit_step(step_fn, state_shardings=None, mesh=None):
     with state_shardings (and their mesh) the new state keeps them and the metrics come back
     replicated. The batch comes placed (`place_batch`) or, for an ahead-of-time compile, as
     ShapeDtypeStructs carrying their shardings."""
-    out_shardings = None if state_shardings is None else (state_shardings, sharding.replicated(mesh))
+    out_shardings = (
+        None if state_shardings is None else (state_shardings, sharding.replicated(mesh))
+    )
     return jax.jit(step_fn, donate_argnums=0, out_shardings=out_shardings)
 
 
@@ -89,8 +94,12 @@ def place_batch(mesh, batch, batch_dims, *, strict=True):
     out = {}
     for key, value in batch.items():
         dim = batch_dims[key]
-        out[key] = distributed.global_from_full(value, jax.tree.map(
-            lambda x: sharding.batch_sharding(mesh, x.shape, dim, strict=strict), value))
+        out[key] = distributed.global_from_full(
+            value,
+            jax.tree.map(
+                lambda x: sharding.batch_sharding(mesh, x.shape, dim, strict=strict), value
+            ),
+        )
     return out
 
 
@@ -100,12 +109,15 @@ def abstract_state(cfg, optimizer, shardings, extra=None):
     The state is `state.init_state`'s {"params", "opt_state", "step", "rng"}, plus the entries
     extra(params) returns (e.g. RL's {"momentum": ...}).
     """
+
     def init(params):
         state = state_lib.init_state(params, optimizer, jax.random.key(0))
         return {**state, **(extra(params) if extra else {})}
 
     abstract = jax.eval_shape(init, model.abstract_params(cfg))
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
 
 
 def restore_or_init(manager, abstract, init):

@@ -35,8 +35,13 @@ SEED_OFFSET = 7
 # Per-token label sets (index 0 = the cell is empty) and the per-image background.
 # "cell" asks each token which cell it covers, so the tokens carry their place in their content
 # and the decoder can read "where" from what it attends to, not only from rotary positions.
-HEADS = {"colour": (EMPTY,) + tuple(tw.COLOURS), "shape": (EMPTY,) + tw.SHAPES, "size": (EMPTY,) + tw.SIZES,
-         "background": tuple(tw.BACKGROUNDS), "cell": tw.POSITIONS}
+HEADS = {
+    "colour": (EMPTY,) + tuple(tw.COLOURS),
+    "shape": (EMPTY,) + tw.SHAPES,
+    "size": (EMPTY,) + tw.SIZES,
+    "background": tuple(tw.BACKGROUNDS),
+    "cell": tw.POSITIONS,
+}
 
 
 def cell_labels(scene):
@@ -57,12 +62,16 @@ def cell_labels(scene):
 def image_batch(cfg, scenes, image_size, min_pixels, max_pixels):
     """Returns (pixel_values [P, patch_dim], VisionMeta, labels {head: [B*9]}) of rendered scenes."""
     images = [tw.render(scene, image_size) for scene in scenes]
-    pixels, grid = processing.preprocess_images(images, min_pixels=min_pixels, max_pixels=max_pixels)
+    pixels, grid = processing.preprocess_images(
+        images, min_pixels=min_pixels, max_pixels=max_pixels
+    )
     tokens = processing.num_image_tokens(grid)
     if not (tokens == len(tw.POSITIONS)).all():
-        raise ValueError(f"the vision stage needs one image token per grid cell ({len(tw.POSITIONS)}); "
-                         f"images of {image_size} px give {sorted(set(tokens.tolist()))}: set data.image_size=96 "
-                         "and data.min_pixels = data.max_pixels = 96 * 96")
+        raise ValueError(
+            f"the vision stage needs one image token per grid cell ({len(tw.POSITIONS)}); "
+            f"images of {image_size} px give {sorted(set(tokens.tolist()))}: set data.image_size=96 "
+            "and data.min_pixels = data.max_pixels = 96 * 96"
+        )
     labels = [cell_labels(scene) for scene in scenes]
     stacked = {name: np.concatenate([lab[name] for lab in labels]) for name in HEADS}
     return pixels, model.vision_metadata(cfg.vision, grid), stacked
@@ -71,9 +80,13 @@ def image_batch(cfg, scenes, image_size, min_pixels, max_pixels):
 def init_probe(cfg, seed):
     """Returns the linear probe {head: {"w" [D, classes], "b" [classes]}} on the tower's output tokens."""
     keys = jax.random.split(jax.random.key(seed), len(HEADS))
-    return {name: {"w": 0.02 * jax.random.normal(key, (cfg.text.hidden_size, len(classes)), jnp.float32),
-                   "b": jnp.zeros((len(classes),), jnp.float32)}
-            for key, (name, classes) in zip(keys, HEADS.items())}
+    return {
+        name: {
+            "w": 0.02 * jax.random.normal(key, (cfg.text.hidden_size, len(classes)), jnp.float32),
+            "b": jnp.zeros((len(classes),), jnp.float32),
+        }
+        for key, (name, classes) in zip(keys, HEADS.items())
+    }
 
 
 def probe_loss(cfg, trainable, text_params, pixel_values, vision, labels):
@@ -91,7 +104,8 @@ def probe_loss(cfg, trainable, text_params, pixel_values, vision, labels):
 def train_step(cfg, optimizer, text_params, state, batch):
     """Returns (new state, metrics): one AdamW update of the tower and the probe (the decoder is a constant)."""
     (loss, accuracy), grads = jax.value_and_grad(probe_loss, argnums=1, has_aux=True)(
-        cfg, state["params"], text_params, batch["pixel_values"], batch["vision"], batch["labels"])
+        cfg, state["params"], text_params, batch["pixel_values"], batch["vision"], batch["labels"]
+    )
     new_state, update = state_lib.apply_gradients(state, grads, optimizer, loss)
     return new_state, {"loss": loss, **{f"acc_{k}": v for k, v in accuracy.items()}, **update}
 
@@ -116,10 +130,17 @@ def run_vision(config, workdir):
     for step in range(1, vc.num_steps + 1):
         t0 = time.perf_counter()
         # Scenes of their own (index space above the SFT data), a fresh batch every step.
-        scenes = tw.make_scenes(data.seed + SEED_OFFSET, vc.batch_size, start=(step - 1) * vc.batch_size)
-        pixels, vision, labels = image_batch(cfg, scenes, data.image_size, data.min_pixels, data.max_pixels)
-        batch = {"pixel_values": jnp.asarray(pixels, cfg.dtype), "vision": jax.tree.map(jnp.asarray, vision),
-                 "labels": jax.tree.map(jnp.asarray, labels)}
+        scenes = tw.make_scenes(
+            data.seed + SEED_OFFSET, vc.batch_size, start=(step - 1) * vc.batch_size
+        )
+        pixels, vision, labels = image_batch(
+            cfg, scenes, data.image_size, data.min_pixels, data.max_pixels
+        )
+        batch = {
+            "pixel_values": jnp.asarray(pixels, cfg.dtype),
+            "vision": jax.tree.map(jnp.asarray, vision),
+            "labels": jax.tree.map(jnp.asarray, labels),
+        }
         state, metrics = step_fn(params["text"], state, batch)
         last = {k: float(v) for k, v in jax.device_get(metrics).items()}
         last["step_time_s"] = time.perf_counter() - t0
@@ -129,5 +150,8 @@ def run_vision(config, workdir):
     manager = checkpoint.Manager(workdir, "vision", keep=1)
     manager.save(vc.num_steps, {"params": params, "step": state["step"], "rng": state["rng"]}, {})
     manager.close()
-    logging.info("vision stage: probe accuracy %s", {k: round(v, 3) for k, v in last.items() if k.startswith("acc_")})
+    logging.info(
+        "vision stage: probe accuracy %s",
+        {k: round(v, 3) for k, v in last.items() if k.startswith("acc_")},
+    )
     return last
