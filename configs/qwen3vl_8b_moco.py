@@ -56,9 +56,8 @@ def get_config(arg=""):
     config.optimizer.b1, config.optimizer.b2, config.optimizer.eps = 0.9, 0.999, 1e-8
     config.optimizer.weight_decay = 0.0
     config.optimizer.grad_clip_norm = 1.0
-    config.optimizer.max_skipped_steps = (
-        10  # fail the run after this many non-finite updates in a row
-    )
+    # fail the run after this many non-finite updates in a row
+    config.optimizer.max_skipped_steps = 10
     config.data.strict = False  # True: the first bad record stops the run (BadRecord naming it)
 
     config.sft.num_steps = 300

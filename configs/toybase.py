@@ -24,18 +24,15 @@ def get_config(arg=""):
     config.model.init_from = ""  # from random weights
     config.model.tiny = dict(toyworld.BASE_MODEL)
     config.data.tasks = "base"
-    config.data.task_mix = (
-        ""  # records per scene and task, e.g. "names=3,attr=3" ("" : toybase.DEFAULT_TASK_MIX)
-    )
-    config.data.seed = (
-        0  # toy runs evaluate on other seeds (the export writes toybase.json to say so)
-    )
+    # records per scene and task, e.g. "names=3,attr=3" ("" : toybase.DEFAULT_TASK_MIX)
+    config.data.task_mix = ""
+    # toy runs evaluate on other seeds (the export writes toybase.json to say so)
+    config.data.seed = 0
     config.data.num_train_scenes = 20000
     config.data.num_eval_scenes = 64
     config.data.length_buckets = (64, 128, 192)
-    config.data.max_patches = (
-        None  # every image has 36 patches; a batch takes the next power of two
-    )
+    # every image has 36 patches; a batch takes the next power of two
+    config.data.max_patches = None
     config.data.group_by_role = True  # image tasks and text tasks in separate batches
     # Step one (mocojax.train.toyvision): the vision tower learns to label each cell's token.
     config.vision = ml_collections.ConfigDict()

@@ -55,16 +55,14 @@ def get_config(arg=""):
     config.model.tiny = dict(BASE_MODEL)
     config.model.param_dtype = "float32"
     config.model.dtype = "float32"
-    config.model.remat = (
-        False  # recompute layers in the backward pass (needed at scale; no result changes)
-    )
+    # recompute layers in the backward pass (needed at scale; no result changes)
+    config.model.remat = False
     config.model.logits_chunk = 0  # > 0: training log-softmax over this many positions at a time
 
     config.data = ml_collections.ConfigDict()
     config.data.source = "toyworld"
-    config.data.tasks = (
-        "roles"  # "roles": the three role prompts; "base": configs/toybase.py's pretraining
-    )
+    # "roles": the three role prompts; "base": configs/toybase.py's pretraining
+    config.data.tasks = "roles"
     # Seed 1: the shipped base trained on seeds 0 and 7 (mocojax/assets/toybase/toybase.json),
     # whose held-out scenes it has seen; validation refuses those.
     config.data.seed = 1
@@ -105,22 +103,19 @@ def get_config(arg=""):
     config.optimizer.max_skipped_steps = 10  # SFT stops after this many non-finite updates in a row
 
     config.sft = ml_collections.ConfigDict()
-    config.sft.num_steps = (
-        400  # 6,400 records from the toy base; the paper: 300 steps x 64 = 19,200
-    )
+    # 6,400 records from the toy base; the paper: 300 steps x 64 = 19,200
+    config.sft.num_steps = 400
     config.sft.global_batch_size = 16
     config.sft.grad_accum_steps = 1
     config.sft.eval_every = 100
     config.sft.checkpoint_every = 100
     config.sft.keep_checkpoints = 2
-    config.sft.init_stage = (
-        ""  # a stage of this workdir whose checkpoint SFT starts from ("" : model.init_from)
-    )
+    # a stage of this workdir whose checkpoint SFT starts from ("" : model.init_from)
+    config.sft.init_stage = ""
 
     config.eval = ml_collections.ConfigDict()
-    config.eval.stage = (
-        "sft,rl"  # whose latest checkpoints the eval stage scores: eval_<stage>_<step>.json each
-    )
+    # whose latest checkpoints the eval stage scores: eval_<stage>_<step>.json each
+    config.eval.stage = "sft,rl"
     config.eval.num_scenes = 200
     config.eval.batch_size = 100
     config.eval.max_new_tokens = 160  # toy rubrics: at most 138 tokens

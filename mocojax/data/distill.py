@@ -110,9 +110,8 @@ class Options:
     rubric_max_tokens: int = 1024
     judge_max_tokens: int = 1024
     temperature: float = 0.0  # a teacher's first ask
-    sample_temperature: float = (
-        0.7  # re-asks, extra Policy captions, committee captions from one teacher
-    )
+    # re-asks, extra Policy captions, committee captions from one teacher
+    sample_temperature: float = 0.7
     student_temperature: float = 1.0
     keep_truncated: bool = False  # keep captions cut at max_tokens
     rubric_mode: str = "generator"
@@ -295,9 +294,8 @@ class _Image:
     dropped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     errors: list = dataclasses.field(default_factory=list)
     rejects: list = dataclasses.field(default_factory=list)
-    committee: list = (
-        None  # committee mode: the usable committee captions, then the consensus facts
-    )
+    # committee mode: the usable committee captions, then the consensus facts
+    committee: list = None
     consensus: list = None
 
 

@@ -33,9 +33,8 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
 
     # The Policy's optimiser: AdamW settings come from config.optimizer, these override its
     # schedule (paper: lr 1e-6, cosine, 5% warmup).
-    rl.lr = (
-        2e-4  # the toy SFT lr / 5 (paper: SFT lr / 10); the toy run has 100 updates, the paper 600
-    )
+    # the toy SFT lr / 5 (paper: SFT lr / 10); the toy run has 100 updates, the paper 600
+    rl.lr = 2e-4
     rl.warmup_ratio = 0.05
     rl.end_lr_ratio = 0.1
 
@@ -50,12 +49,10 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.momentum = 0.99  # m; 1: frozen roles, 0: copy (H = 1) or periodic copy (H > 1)
     rl.sync_every = 1  # H
     rl.momentum_schedule = "constant"  # or "byol_cosine": m -> 1 by a half cosine over the run
-    rl.reward = (
-        "rubric"  # or "g2p": Gold-MCQ judged by rl.judge ("exact": the toy oracle); no Generator
-    )
-    rl.generator = (
-        "ema"  # which params play the Generator: "ema" | "frozen" | "policy" | "exact" (toy)
-    )
+    # or "g2p": Gold-MCQ judged by rl.judge ("exact": the toy oracle); no Generator
+    rl.reward = "rubric"
+    # which params play the Generator: "ema" | "frozen" | "policy" | "exact" (toy)
+    rl.generator = "ema"
     rl.judge = "ema"
     rl.roles_init = ""  # empty: roles start from the Policy's init (shared); else a workdir
     #                     whose latest SFT checkpoint initialises the roles (separate init)
