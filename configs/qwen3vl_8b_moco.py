@@ -68,6 +68,7 @@ def get_config(arg=""):
     config.sft.keep_checkpoints = 3
 
     rl = config.rl
+    rl.evals = ""  # user data has no exact truth to score against
     rl.num_steps = 600
     rl.images_per_step = 8
     rl.grad_accum_steps = 2

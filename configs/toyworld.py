@@ -126,6 +126,7 @@ def get_config(arg=""):
     config.export.out_dir = ""  # empty: <workdir>/hf
 
     config.rl = rl_config.rl_defaults(tiny=arg == "tiny")
+    config.rl.evals = "toyworld"  # Judge gate + held-out evals against the exact truth
 
     if arg == "tiny":
         config.model.init_from = ""

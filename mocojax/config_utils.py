@@ -243,6 +243,13 @@ def validate(config, stages):
                 "rl", None, "the rl stage needs an `rl` block (mocojax.train.rl_config.rl_defaults)"
             )
         rl_config.validate(config.rl)
+        if config.rl.evals == "toyworld" and config.data.source != "toyworld":
+            _fail(
+                "rl.evals",
+                config.rl.evals,
+                f"scores against the toy world's truth; data.source is {config.data.source!r} "
+                '(use "" for no RL evals)',
+            )
 
 
 BASE_MANIFEST = "toybase.json"

@@ -36,6 +36,7 @@ NUM_STEPS, KILL_AFTER = 6, 2
         ("model.dtype", "float64", "config.model.dtype='float64'"),
         ("stages", ("sft", "train"), "unknown stage 'train'"),
         ("data.length_buckets", (512, 256), "config.data.length_buckets"),
+        ("rl.evals", "heldout", "config.rl.evals='heldout'"),
     ],
 )
 def test_bad_config_value_fails_before_any_work_naming_the_key(
@@ -52,6 +53,17 @@ def test_bad_config_value_fails_before_any_work_naming_the_key(
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         main.run(config, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+def test_toy_world_evals_on_user_data_fail_naming_the_key(tmp_path):
+    config = toyworld.get_config("tiny")
+    config.data.source, config.data.train_path = "jsonl", str(tmp_path / "train.jsonl")
+    (tmp_path / "train.jsonl").write_text("")
+    config.model.init_from = os.path.join(REPO, "mocojax", "assets", "toybase")
+    with pytest.raises(ValueError, match="config.rl.evals='toyworld'.*data.source is 'jsonl'"):
+        config_utils.validate(config, main.STAGES)
+    config.rl.evals = ""
+    config_utils.validate(config, main.STAGES)
 
 
 CONFIG_NAMES = sorted(

@@ -19,6 +19,9 @@ MOMENTUM_SCHEDULES = ("constant", "byol_cosine")
 # What scores the Policy's captions: "rubric" (online rubrics, the method) or "g2p" (ACE-Cap's
 # Gold-MCQ reward from a text-only MCQ judge; mocojax.train.g2p, docs/acecap.md).
 REWARDS = ("rubric", "g2p")
+# The RL loop's eval hooks (mocojax.train.rl_evals.EVALS): "" none; "toyworld" the Judge gate and
+# held-out evals against the toy world's exact truth (needs data.source="toyworld").
+EVALS = ("", "toyworld")
 
 
 def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
@@ -74,6 +77,7 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.judge_gate_refuse = False
     rl.judge_gate_scenes = 50
 
+    rl.evals = ""  # eval hooks (EVALS): "" none; configs/toyworld.py sets "toyworld"
     rl.log_samples_every = 5  # K: one step's groups go to <workdir>/rl_samples.jsonl
     rl.eval_every = 0  # > 0: held-out toy-world eval at the start and every n steps (0: none; the eval stage scores checkpoints)
     rl.checkpoint_every = 20
@@ -178,6 +182,8 @@ def validate(rl) -> None:
     for key in ("generator", "judge"):
         if rl[key] not in ROLE_SOURCES:
             _fail(key, rl[key], f"must be one of {ROLE_SOURCES}")
+    if rl.evals not in EVALS:
+        _fail("evals", rl.evals, f"must be one of {EVALS}")
     if rl.reward not in REWARDS:
         _fail("reward", rl.reward, f"must be one of {REWARDS}")
     if rl.aggregation not in AGGREGATIONS:

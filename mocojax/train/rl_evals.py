@@ -1,8 +1,8 @@
 """The toy world in the RL loop: the Judge gate, held-out evals, and the exact truth of rollouts.
 
-`run_rl` has no toy-world branches: it calls the hooks of `make(...)`, which for a toy-world
-config gate RL on the starting Judge and evaluate the Policy on held-out scenes (for any other
-data source they return nothing); the reward sources score each step's captions, rubric items
+`run_rl` has no toy-world branches: it calls the hooks that config.rl.evals names (`make`):
+"toyworld" gates RL on the starting Judge and evaluates the Policy on held-out scenes, "" (any
+other data) returns nothing; the reward sources score each step's captions, rubric items
 and Judge decisions against the scenes' exact truth with `toy_truth` / `truth_metrics`.
 """
 
@@ -15,7 +15,7 @@ from mocojax.eval import toyworld_eval
 
 
 class ToyWorldEvals:
-    """Hooks of a toy-world RL run (config.data.source == "toyworld")."""
+    """Hooks of a toy-world RL run (config.rl.evals == "toyworld")."""
 
     def __init__(self, config, processor, cfg):
         self.config, self.processor, self.cfg = config, processor, cfg
@@ -50,11 +50,13 @@ class NoEvals:
         return {}
 
 
+EVALS = {"": lambda config, processor, cfg: NoEvals(), "toyworld": ToyWorldEvals}
+
+
 def make(config, processor, cfg):
-    """Returns the RL loop's eval hooks for config's data source."""
-    if config.data.source == "toyworld":
-        return ToyWorldEvals(config, processor, cfg)
-    return NoEvals()
+    """Returns the RL loop's eval hooks named by config.rl.evals (big_vision's pattern: the
+    config names the evals, the loop only calls them)."""
+    return EVALS[config.rl.evals](config, processor, cfg)
 
 
 def held_out(config, processor, params, cfg):
