@@ -449,7 +449,9 @@ def run_rl(config, workdir):
 
     Per update: rollout (sample, rubric, judge, reward) -> advantages -> GRPO update -> momentum
     sync -> log; what scores the captions is the reward source (`reward_source`), the toy world's
-    Judge gate and held-out evals are `rl_evals` hooks.
+    Judge gate and held-out evals are `rl_evals` hooks. Longer than the codebase's ~60-line norm
+    on purpose: set-up then one loop whose body is the paper's update in order, one named call
+    per stage; splitting it would hide that order behind a helper.
     """
     rl = config.rl
     rl_config.validate(rl)
