@@ -27,9 +27,7 @@ def _toy_config():
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config("tiny")
-    config.rl = rl_config.rl_defaults(tiny=True)
-    return config
+    return module.get_config("tiny")  # rl: rl_defaults(tiny=True) with the toy world's evals
 
 
 def test_split_shared_prefix_rebuilds_every_prompt():
