@@ -134,14 +134,5 @@ class OfflineRubricSource(rl_lib.RubricSource):
             cached = [self.cache[e["id"]] for e in examples]
             return [c[0] for c in cached], [c[1] for c in cached], [c[2] for c in cached]
 
-        return rollout_lib.collect(
-            cfg,
-            policy_params,
-            generator_params,
-            judge_params,
-            processor,
-            group,
-            rl,
-            write=write,
-            **kwargs,
-        )
+        args = (cfg, policy_params, generator_params, judge_params, processor, group, rl)
+        return rollout_lib.collect(*args, write=write, **kwargs)
