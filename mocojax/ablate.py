@@ -373,8 +373,11 @@ def prepare(run):
 def execute(runs, log=print):
     """Runs every run whose result file is missing (resuming its workdir); returns the results
     {(kind, name, seed): metrics}, read back from the result files."""
-    from mocojax import main as main_lib
+    from mocojax import config_utils, main as main_lib
 
+    # Every config validated before anything runs: a bad row fails now, not after hours.
+    for run in runs:
+        config_utils.validate(load_config(run), main_lib.STAGES)
     results = {}
     for k, run in enumerate(runs):
         tag = f"[{k + 1}/{len(runs)}] {run.kind} {run.name} seed {run.seed}"
