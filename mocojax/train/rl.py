@@ -340,13 +340,24 @@ class RubricSource:
         return sample_rows(step, rollout, truths)
 
 
-def reward_source(config, records):
+def reward_source(config, records, initial_policy=None):
     """Returns what collects, scores and logs the Policy's captions, per config.rl.reward: the
-    rubric reward (RubricSource) or ACE-Cap's G2P reward (mocojax.train.g2p.G2PSource)."""
+    rubric reward (RubricSource; with config.rl.rubrics "offline" / "committee" one fixed rubric
+    per image, mocojax.train.offline_rubrics, whose student captions come from theta_0 =
+    initial_policy(); with config.rl.train_generator EvoLM's alternating Policy / Generator
+    updates, mocojax.train.evolm) or ACE-Cap's G2P reward (mocojax.train.g2p.G2PSource)."""
     if config.rl.reward == "g2p":
         from mocojax.train import g2p
 
         return g2p.G2PSource(config, records)
+    if config.rl.get("train_generator", False):
+        from mocojax.train import evolm
+
+        return evolm.AlternatingSource(config, records)
+    if config.rl.get("rubrics", "online") != "online":
+        from mocojax.train import offline_rubrics
+
+        return offline_rubrics.OfflineRubricSource(config, records, initial_policy)
     return RubricSource({r["id"]: r["scene"] for r in records if "scene" in r})
 
 
@@ -461,7 +472,9 @@ def run_rl(config, workdir):
     records = rl_records(config)
     scenes = {r["id"]: r["scene"] for r in records if "scene" in r}
     exact = exact_roles(config, scenes)
-    source = reward_source(config, records)
+    source = reward_source(
+        config, records, initial_policy=lambda: initial_policy(config, workdir, setup, mesh)
+    )
     evals = rl_evals.make(config, processor, cfg)
     optimizer = rl_optimizer(config)
     role_momentum, schedule = role_momentum_of(rl, source), momentum_schedule(rl)

@@ -22,6 +22,8 @@ REWARDS = ("rubric", "g2p")
 # The RL loop's eval hooks (mocojax.train.rl_evals.EVALS): "" none; "toyworld" the Judge gate and
 # held-out evals against the toy world's exact truth (needs data.source="toyworld").
 EVALS = ("", "toyworld")
+# Where the rubric reward's rubrics come from (mocojax.train.offline_rubrics).
+RUBRICS = ("online", "offline", "committee")
 
 
 def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
@@ -57,6 +59,20 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     # which params play the Generator: "ema" | "frozen" | "policy" | "exact" (toy)
     rl.generator = "ema"
     rl.judge = "ema"
+    # Where each image's rubric comes from: "online" (the method: the Generator writes one every
+    # update from the current candidates), "offline" (M3: written once per image from theta_0's
+    # captions, then fixed) or "committee" (RubiCap: written once from a committee of noisy
+    # teacher captions, toy world; mocojax.train.offline_rubrics, docs/ablations.md).
+    rl.rubrics = "online"
+    rl.committee_size = 5  # K teachers; a fact is kept when >= ceil(K/2) state it
+    rl.committee_omit = (
+        0.1  # teacher noise (toycommittee.teacher_caption): object / background left out
+    )
+    rl.committee_wrong = 0.1  # an attribute or the background misstated
+    rl.committee_invent = 0.2  # one object that is not there added
+    # EvoLM (mocojax.train.evolm): even updates train the Generator (shared with the Policy:
+    # rl.generator = "policy") on its rubrics' discrimination reward; odd updates the Policy.
+    rl.train_generator = False
     rl.roles_init = ""  # empty: roles start from the Policy's init (shared); else a workdir
     #                     whose latest SFT checkpoint initialises the roles (separate init)
 
@@ -122,6 +138,9 @@ RANGES = {
     "generator_temperature": (0.0, None, True, True),
     "judge_temperature": (0.0, None, True, True),
     "top_p": (0.0, 1.0, False, True),
+    "committee_omit": (0.0, 1.0, True, True),
+    "committee_wrong": (0.0, 1.0, True, True),
+    "committee_invent": (0.0, 1.0, True, True),
 }
 
 
@@ -158,6 +177,7 @@ def validate(rl) -> None:
         "keep_checkpoints",
         "judge_gate_scenes",
         "max_skipped_steps",
+        "committee_size",
     )
     for key, bounds in RANGES.items():
         if not in_range(rl[key], *bounds):
@@ -186,7 +206,19 @@ def validate(rl) -> None:
         _fail("evals", rl.evals, f"must be one of {EVALS}")
     if rl.reward not in REWARDS:
         _fail("reward", rl.reward, f"must be one of {REWARDS}")
+    if rl.rubrics not in RUBRICS:
+        _fail("rubrics", rl.rubrics, f"must be one of {RUBRICS}")
+    if rl.rubrics != "online" and rl.reward != "rubric":
+        _fail("rubrics", rl.rubrics, f"fixed rubrics need rl.reward='rubric', not {rl.reward!r}")
     if rl.aggregation not in AGGREGATIONS:
         _fail("aggregation", rl.aggregation, f"must be one of {AGGREGATIONS}")
+    if not isinstance(rl.train_generator, bool):
+        _fail("train_generator", rl.train_generator, "must be True or False")
+    if rl.train_generator and (rl.reward != "rubric" or rl.rubrics != "online"):
+        _fail(
+            "train_generator",
+            rl.train_generator,
+            "EvoLM trains the online Generator: needs rl.reward='rubric' and rl.rubrics='online'",
+        )
     if not isinstance(rl.judge_gate_refuse, bool):
         _fail("judge_gate_refuse", rl.judge_gate_refuse, "must be True or False")

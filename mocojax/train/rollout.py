@@ -304,12 +304,15 @@ def collect(
     step,
     rng,
     exact=None,
+    write=None,
 ):
     """Returns (Rollout, seconds per phase) for a group list of {id, image, references}.
 
     rng is a jax key for the Policy's sampling (the roles decode greedily unless their
     temperature says otherwise, from keys folded out of the same rng). `exact` (toy world,
     `toyroles.ExactRoles`) plays the role whose `rl.generator` / `rl.judge` is "exact".
+    `write(group, shown)` -> (rubric texts, rubrics, problems), when given, replaces the
+    Generator (offline rubrics, mocojax.train.offline_rubrics).
     """
     images = [example["image"] for example in group]
     seconds = {}
@@ -322,7 +325,9 @@ def collect(
     subsets = choose_subsets(seed, step, len(group), n, rl.subset_size)
     shown = [[captions[g][i] for i in subsets[g]] for g in range(len(group))]
     with timer("rubric_generation"):
-        if rl.generator == "exact":
+        if write is not None:
+            rubric_texts, rubrics, generator_problems = write(group, shown)
+        elif rl.generator == "exact":
             rubrics = [exact.rubric(e["id"], s) for e, s in zip(group, shown)]
             rubric_texts, generator_problems = (
                 [roles.format_rubric(r) for r in rubrics],

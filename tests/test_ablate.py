@@ -1,0 +1,226 @@
+"""The ablation runner (mocojax.ablate) and the baselines' pure functions (RubiCap's committee
+rubric, EvoLM's Generator reward), on hand-computed numbers; then every row of the tiny grid
+run for 2 SFT steps + 2 RL updates in one process (compiled programs shared), and its resume.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mocojax import ablate, config_utils, main as main_lib, roles
+from mocojax.data import toycommittee as tc, toyroles, toyworld as tw
+from mocojax.train import evolm
+
+# --- RubiCap's committee rubric -------------------------------------------------------------
+
+COMMITTEE = [
+    "A large red circle at the top left and a small blue square at the bottom. The background is white.",
+    "A large red circle in the top left. The background is white.",
+    "A small red circle at the top left and a green star in the center. The background is black.",
+]
+
+
+def test_consensus_keeps_what_a_majority_of_teachers_state():
+    agreed = tc.consensus(COMMITTEE)  # K = 3: a fact needs 2 teachers
+    assert agreed.present == {("circle", "red")}
+    assert agreed.counts == {("circle", "red"): 3, ("square", "blue"): 1, ("star", "green"): 1}
+    assert agreed.is_absent(("square", "blue")) and agreed.is_absent(("star", "green"))
+    assert agreed.is_absent(("diamond", "purple"))  # no teacher names it
+    assert not agreed.is_absent(("circle", "red"))
+    # size: large, large, small -> large; position: top left x3; background: white, white, black
+    assert agreed.attributes == {
+        ("circle", "red", "size"): "large",
+        ("circle", "red", "position"): "top left",
+    }
+    assert agreed.background == "white"
+
+
+def test_consensus_tie_keeps_neither_presence_nor_absence():
+    agreed = tc.consensus(["A red circle on a white background.", "A blue star."])  # K = 2
+    assert agreed.present == frozenset()
+    assert not agreed.is_absent(("circle", "red")) and not agreed.is_absent(("star", "blue"))
+    assert agreed.background == "white"  # 1 of 2 teachers states it: 1 >= ceil(2 / 2)
+    items = tc.rubicap_rubric(
+        ["A red circle on a white background.", "A blue star."], "A blue star."
+    )
+    assert items == [roles.RubricItem("the background is white", "white", 1.0)]
+
+
+def test_rubicap_rubric_one_item_per_deficiency_with_severity_weights():
+    student = "A small red circle and a green star. The background is black."
+    items = tc.rubicap_rubric(COMMITTEE, student)
+    assert [(i.criterion, i.weight) for i in items] == [
+        ("does not mention a green star", 3.0),  # critical: invented object
+        ("the red circle is at the top left", 2.0),  # important: missing position
+        ("the red circle is large", 2.0),  # important: wrong size
+        ("the background is white", 1.0),  # minor: wrong background
+    ]
+    # The same normalised weighted reward: a caption meeting the first two items only.
+    caption = "A small red circle at the top left."
+    decisions = toyroles.ExactRoles.decisions(items, caption)
+    assert decisions == [1, 1, 0, 0]
+    assert roles.rubric_reward([i.weight for i in items], decisions) == pytest.approx(5 / 8)
+    # A student with no deficiency gets an empty rubric (the group then has no signal).
+    complete = "A large red circle at the top left. The background is white."
+    assert tc.rubicap_rubric(COMMITTEE, complete) == []
+    # A missing consensus object is a critical item.
+    assert [i.criterion for i in tc.rubicap_rubric(COMMITTEE, "The background is white.")] == [
+        "mentions a red circle"
+    ]
+
+
+def test_teacher_noise_model():
+    scene = tw.make_scene(3, 11)
+    clean = tc.teacher_caption(scene, 3, 0, omit=0.0, wrong=0.0, invent=0.0)
+    assert tw.caption_metrics(scene, clean)["f1"] == 1.0
+    silent = tc.teacher_caption(scene, 3, 0, omit=1.0, wrong=0.0, invent=0.0)
+    assert tw.parse_caption(silent) == ([], None)
+    inventive = tc.teacher_caption(scene, 3, 0, omit=0.0, wrong=0.0, invent=1.0)
+    metrics = tw.caption_metrics(scene, inventive)
+    assert len(metrics["hallucinated"]) == (1 if len(scene.objects) < 9 else 0)
+    assert metrics["recall"] == 1.0
+    assert tc.committee_captions(scene, 3, 4) == tc.committee_captions(scene, 3, 4)  # seeded
+    with pytest.raises(ValueError, match="omit=1.5: must be a probability"):
+        tc.teacher_caption(scene, 3, 0, omit=1.5)
+    with pytest.raises(ValueError, match="committee size must be a positive int"):
+        tc.committee_captions(scene, 3, 0)
+    with pytest.raises(ValueError, match="at least one teacher caption"):
+        tc.consensus([])
+
+
+# --- EvoLM's Generator reward --------------------------------------------------------------
+
+
+def test_discrimination_reward_by_hand():
+    # s(ref) = (3 + 2) / 6; s(y1) = 3 / 6, s(y2) = 1 / 6 -> g = 5/6 - 2/6 = 0.5
+    g = evolm.discrimination_reward([3.0, 2.0, 1.0], [1, 1, 0], [[1, 0, 0], [0, 0, 1]])
+    assert g == pytest.approx(0.5)
+    assert evolm.discrimination_reward([3.0], [0], [[1], [1]]) == pytest.approx(-1.0)
+    assert evolm.discrimination_reward([], [], [[], []]) == evolm.UNPARSED_REWARD
+    assert [evolm.AlternatingSource.is_generator_step(s) for s in (1, 2, 3, 4)] == [
+        False,
+        True,
+        False,
+        True,
+    ]
+
+
+# --- the runner ----------------------------------------------------------------------------
+
+
+def test_dry_run_lists_every_row_seed_and_sft_checkpoint(tmp_path, capsys):
+    runs = ablate.main(["--grid", "paper", "--seeds", "3", "--workdir", str(tmp_path), "--dry-run"])
+    out = capsys.readouterr().out
+    run_rows = [r for r in ablate.ROWS if not r.sft_only and not r.same_as]
+    assert len(runs) == 3 * (len(ablate.SFT_KINDS) + len(run_rows))
+    assert f"{len(runs)} runs" in out
+    for row in ablate.ROWS:
+        assert row.name in out
+    assert "row grid_m0.99_H1 reuses the runs of M8_method" in out
+    for seed in (1, 2, 3):
+        sft = {r.name: r for r in runs if r.kind == "sft" and r.seed == seed}
+        assert set(sft) == set(ablate.SFT_KINDS)  # one SFT checkpoint per kind and seed
+        for run in runs:
+            if run.kind == "rl" and run.seed == seed:
+                assert run.sft_from in {s.workdir for s in sft.values()}
+                assert dict(run.overrides)["data.seed"] == seed
+    by_name = {r.name: r for r in runs if r.seed == 1}
+    assert by_name["M4_separate_frozen"].sft_from.endswith("sft/policy_only/seed1")
+    assert dict(by_name["M4_separate_frozen"].overrides)["rl.roles_init"].endswith(
+        "sft/roles_only/seed1"
+    )
+    assert dict(by_name["grid_m0.999_H10"].overrides)["rl.momentum"] == 0.999
+    assert "--config.rl.sync_every=10" in by_name["grid_m0.999_H10"].command()
+    assert not os.listdir(tmp_path)  # a dry run writes nothing
+    # Every planned config loads and validates.
+    for run in runs:
+        config_utils.validate(ablate.load_config(run), main_lib.STAGES)
+    with pytest.raises(ValueError, match="unknown row"):
+        ablate.plan("paper", 1, str(tmp_path), ["M9"])
+    with pytest.raises(ValueError, match="--seeds 0"):
+        ablate.plan("paper", 0, str(tmp_path))
+    with pytest.raises(ValueError, match="--grid 'huge'"):
+        ablate.plan("huge", 1, str(tmp_path))
+
+
+def test_markdown_table_and_plot_by_hand(tmp_path):
+    results = {
+        ("rl", "M8_method", 1): {"f1": 0.5, "tracking_error": [(1, 0.1), (2, 0.2)]},
+        ("rl", "M8_method", 2): {"f1": 0.7, "tracking_error": [(1, 0.3), (2, 0.4)]},
+        ("rl", "M6_shared_frozen", 1): {"f1": 0.4, "tracking_error": [(1, 1.0), (2, 2.0)]},
+    }
+    table = ablate.aggregate(results, 2, ["M8_method", "role_both_ema", "M6_shared_frozen"])
+    assert table["M8_method"]["mean"]["f1"] == pytest.approx(0.6)
+    assert table["M8_method"]["std"]["f1"] == pytest.approx(np.std([0.5, 0.7], ddof=1))
+    assert table["role_both_ema"]["mean"]["f1"] == pytest.approx(0.6)  # M8's runs
+    assert table["M8_method"]["tracking_error"] == [
+        (1, pytest.approx(0.2)),
+        (2, pytest.approx(0.3)),
+    ]
+    assert table["M6_shared_frozen"]["std"]["f1"] == 0.0  # one seed
+    text = ablate.markdown_table(table, 2)
+    assert "| M8_method |" in text and "0.600 ± 0.141" in text and "72.14" in text
+    assert "| 1/2 |" in text  # M6 has one seed of two
+    path = tmp_path / "plot.png"
+    assert ablate.plot_tracking(table, path) == ["m = 0.99", "frozen"]
+    image = np.asarray(Image.open(path).convert("RGB"))
+    colours = {tuple(c) for c in image.reshape(-1, 3)}
+    assert ablate.COLOURS[1] in colours and ablate.COLOURS[3] in colours  # m = 0.99, frozen
+    assert ablate.COLOURS[0] not in colours  # no m = 0.9 run
+
+
+@pytest.fixture(scope="module")
+def tiny_grid(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ablate_tiny")
+    ablate.main(["--grid", "tiny", "--seeds", "1", "--workdir", str(root)])
+    return root
+
+
+def test_tiny_grid_runs_every_row(tiny_grid):
+    with open(tiny_grid / "results.json") as f:
+        results = json.load(f)
+    assert list(results["rows"]) == list(ablate.ROW_NAMES)
+    for name, row in results["rows"].items():
+        assert set(row["seeds"]) == {"1"}, name
+        assert 0.0 <= row["mean"]["f1"] <= 1.0, name
+    for row in ablate.ROWS:
+        if row.sft_only or row.same_as:
+            continue
+        with open(tiny_grid / "rows" / row.name / "seed1" / "metrics.jsonl") as f:
+            steps = [r["step"] for r in map(json.loads, f) if r["stage"] == "rl" and r["step"] > 0]
+        assert steps == [1, 2], row.name
+    assert (tiny_grid / "results.md").read_text().count("\n| ") == len(ablate.ROWS)
+    assert Image.open(tiny_grid / "tracking_error.png").size == (640, 400)
+    # RubiCap wrote its committee rubrics without a model: every item readable.
+    with open(tiny_grid / "rows" / "rubicap" / "seed1" / "metrics.jsonl") as f:
+        rl_rows = [r for r in map(json.loads, f) if r["stage"] == "rl" and r["step"] > 0]
+    assert all(r["rubric_items"] >= 1 and r["generator_problems"] == 0.0 for r in rl_rows)
+    assert all(r["true/rubric_item_unreadable"] == 0.0 for r in rl_rows)
+    # EvoLM alternates: update 1 trains the Policy, update 2 the shared Generator.
+    with open(tiny_grid / "rows" / "evolm" / "seed1" / "metrics.jsonl") as f:
+        evo = {r["step"]: r for r in map(json.loads, f) if r["stage"] == "rl" and r["step"] > 0}
+    assert "reward_mean" in evo[1] and "generator/reward_mean" not in evo[1]
+    assert "generator/reward_mean" in evo[2] and -1.0 <= evo[2]["generator/reward_mean"] <= 1.0
+
+
+def test_tiny_grid_resumes(tiny_grid, monkeypatch):
+    ran = []
+    real_run = main_lib.run
+    monkeypatch.setattr(main_lib, "run", lambda config, workdir: ran.append(workdir))
+    ablate.main(["--grid", "tiny", "--seeds", "1", "--workdir", str(tiny_grid)])
+    assert ran == []  # every result exists: nothing runs
+    # A row killed after its RL checkpoint: its result is gone, it runs again and resumes.
+    row_dir = tiny_grid / "rows" / "M7_shared_copy" / "seed1"
+    os.remove(row_dir / "ablate_result.json")
+    monkeypatch.setattr(
+        main_lib, "run", lambda config, workdir: ran.append(workdir) or real_run(config, workdir)
+    )
+    ablate.main(["--grid", "tiny", "--seeds", "1", "--workdir", str(tiny_grid)])
+    assert ran == [str(row_dir)]
+    with open(row_dir / "metrics.jsonl") as f:
+        steps = [r["step"] for r in map(json.loads, f) if r["stage"] == "rl" and r["step"] > 0]
+    assert steps == [1, 2]  # resumed at step 2: no update ran twice
+    assert (row_dir / "ablate_result.json").exists()
