@@ -58,6 +58,8 @@ def get_config(arg=""):
     # recompute layers in the backward pass (needed at scale; no result changes)
     config.model.remat = False
     config.model.logits_chunk = 0  # > 0: training log-softmax over this many positions at a time
+    # > 0: causal self-attention this many queries at a time, later keys skipped (same result)
+    config.model.attention_chunk = 0
 
     config.data = ml_collections.ConfigDict()
     config.data.source = "toyworld"

@@ -120,14 +120,15 @@ def test_loss_mask_excludes_prompt_tokens(setup):
     assert float(tokens) == targets.sum()
 
 
-def test_chunked_log_softmax_and_remat_change_no_loss_or_gradient(setup):
-    # 640 positions in chunks of 100 (the last one partial); remat on decoder layers and vision blocks.
+def test_chunked_log_softmax_chunked_attention_and_remat_change_no_loss_or_gradient(setup):
+    # 640 positions in chunks of 100 (the last one partial); attention 96 queries at a time (the
+    # last chunk partial); remat on decoder layers and vision blocks.
     cfg, _, host_batch = setup
     params = model.init_params(cfg, 0)
     micro = jax.tree.map(lambda x: x[0], sft.micro_batches(cfg, host_batch, 1))
     run = lambda c: jax.jit(jax.value_and_grad(lambda p: sft.batch_nll(c, p, micro)[0]))(params)
     want, g_want = run(cfg)
-    got, g_got = run(cfg.replace(logits_chunk=100, remat=True))
+    got, g_got = run(cfg.replace(logits_chunk=100, attention_chunk=96, remat=True))
     np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max()),

@@ -39,6 +39,7 @@ class Qwen3VL(nnx.Module):
             cfg.text,
             tie_word_embeddings=cfg.tie_word_embeddings,
             remat=cfg.remat,
+            attention_chunk=cfg.attention_chunk,
             activation_sharding=cfg.activation_sharding,
             rngs=rngs,
             **kw,
