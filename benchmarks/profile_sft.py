@@ -18,6 +18,8 @@ import tempfile
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The repository root, for `configs` (and this checkout's mocojax) when run as a script.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
