@@ -29,8 +29,8 @@ from mocojax.train import sft, state as state_lib  # noqa: E402
 VARIANTS = {
     "baseline": dict(pack=False, attention_chunk=0),
     "pack": dict(pack=True, attention_chunk=0),
-    "attention_chunk=256": dict(pack=False, attention_chunk=256),
-    "pack + attention_chunk=256": dict(pack=True, attention_chunk=256),
+    "attention_chunk=64": dict(pack=False, attention_chunk=64),
+    "pack + attention_chunk=64": dict(pack=True, attention_chunk=64),
 }
 
 
