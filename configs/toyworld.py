@@ -58,6 +58,8 @@ def get_config(arg=""):
     # recompute layers in the backward pass (needed at scale; no result changes)
     config.model.remat = False
     config.model.logits_chunk = 0  # > 0: training log-softmax over this many positions at a time
+    # > 0: causal self-attention this many queries at a time, later keys skipped (same result)
+    config.model.attention_chunk = 0
 
     config.data = ml_collections.ConfigDict()
     config.data.source = "toyworld"
@@ -86,6 +88,10 @@ def get_config(arg=""):
     config.data.length_buckets = (128, 384, 512, 640)
     # One role per batch: Policy batches pad to 128 tokens instead of the Generator's 640.
     config.data.group_by_role = True
+    # Pack several records into each row (segment ids, per-record positions; sft.pack_rows),
+    # the row count rounded up to a multiple of pack_row_multiple. Same loss, fewer padded slots.
+    config.data.pack = False
+    config.data.pack_row_multiple = 4
     config.data.max_patches = (
         16 * 36
     )  # one fixed patch count: 16 rows x 36 patches (None: next power of two)

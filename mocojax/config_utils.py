@@ -95,6 +95,13 @@ def validate(config, stages):
         lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
         "must be an int >= 0 (0: the whole sequence at once)",
     )
+    if "attention_chunk" in config.model:
+        _check(
+            config,
+            "model.attention_chunk",
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+            "must be an int >= 0 (0: all queries at once)",
+        )
     if config.model.init_from:
         _check(
             config,
@@ -359,6 +366,7 @@ def build_setup(config, workdir):
         dtype=config.model.dtype,
         remat=config.model.remat,
         logits_chunk=config.model.logits_chunk,
+        attention_chunk=config.model.get("attention_chunk", 0),
     )
     if config.model.init_from:
         cfg = model.ModelConfig.from_pretrained(config.model.init_from, **dtypes)

@@ -54,14 +54,22 @@ def chunked_token_logprobs(hidden, targets, logits_fn, chunk: int = 0):
 
 def per_group_sums(token_nll, loss_mask, group_ids, num_groups: int):
     """Returns (nll_sums [num_groups], token_counts [num_groups]) of per-token NLLs [B, L] over
-    masked tokens, float32; group_ids [B] assigns each row to a group (the SFT role).
+    masked tokens, float32; group_ids [B] assigns each row to a group (the SFT role), or
+    [B, L] each token (packed rows hold several records).
 
     The mixed SFT loss is sum(nll_sums) / sum(token_counts): the per-group mean losses
     nll_sums / token_counts add up to it weighted by token counts.
     """
-    if group_ids.shape != token_nll.shape[:1]:
-        raise ValueError(f"group_ids {group_ids.shape} must be [B] for tokens {token_nll.shape}.")
     mask = loss_mask.astype(jnp.float32)
+    if group_ids.shape == token_nll.shape:
+        return (
+            jax.ops.segment_sum((token_nll * mask).ravel(), group_ids.ravel(), num_groups),
+            jax.ops.segment_sum(mask.ravel(), group_ids.ravel(), num_groups),
+        )
+    if group_ids.shape != token_nll.shape[:1]:
+        raise ValueError(
+            f"group_ids {group_ids.shape} must be [B] or [B, L] for tokens {token_nll.shape}."
+        )
     row_nll = jnp.sum(token_nll * mask, axis=-1)  # [B]
     row_count = jnp.sum(mask, axis=-1)  # [B]
     nll_sums = jax.ops.segment_sum(row_nll, group_ids, num_segments=num_groups)

@@ -74,6 +74,10 @@ class ModelConfig:
     `logits_chunk` > 0 makes training and scoring (`model.target_logprobs`) compute the
     float32 log-softmax over the vocabulary `logits_chunk` positions at a time, recomputed in
     the backward pass, so no [B, L, V] tensor is held (0: all positions at once).
+    `attention_chunk` > 0 makes the decoder's self-attention without a KV cache (training,
+    scoring, prefill) run `attention_chunk` queries at a time against only the keys up to the
+    chunk's end: causal masking makes the skipped scores zero, so the result is unchanged and
+    about half the [T, T] scores are never computed (0: all queries at once).
     `activation_sharding` (a jax.sharding.Sharding of [B, L, D] hidden states, set by
     `mocojax.sharding.model_config`) pins the decoder's hidden states to it at every layer, so
     a mesh shards activations by rows instead of by the embed dim the weights are split on.
@@ -90,6 +94,7 @@ class ModelConfig:
     dtype: str = "float32"
     remat: bool = False
     logits_chunk: int = 0
+    attention_chunk: int = 0
     activation_sharding: Any = None
 
     def __post_init__(self):

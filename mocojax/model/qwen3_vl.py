@@ -39,6 +39,7 @@ class Qwen3VL(nnx.Module):
             cfg.text,
             tie_word_embeddings=cfg.tie_word_embeddings,
             remat=cfg.remat,
+            attention_chunk=cfg.attention_chunk,
             activation_sharding=cfg.activation_sharding,
             rngs=rngs,
             **kw,
@@ -169,6 +170,22 @@ def attention_mask_4d(key_valid: jnp.ndarray, query_len: int, write_index) -> jn
     return (causal[None] & key_valid[:, None, :].astype(bool))[:, None]
 
 
+def segment_mask(segment_ids: jnp.ndarray) -> jnp.ndarray:
+    """Returns the [B, 1, T, T] causal mask of rows whose attention_mask holds segment ids.
+
+    segment_ids [B, T]: 0 at padding, else the segment (packed record) of each token; a 0/1
+    mask is one segment per row. A token attends to the earlier real tokens of its own segment,
+    so no attention crosses a segment boundary; a padding query attends to every earlier real
+    token (its output is never used), which makes a 0/1 mask give `attention_mask_4d`'s mask.
+    """
+    segment_ids = segment_ids.astype(jnp.int32)
+    t = segment_ids.shape[1]
+    causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+    query, key = segment_ids[:, :, None], segment_ids[:, None, :]
+    same = (query == key) | (query == 0)
+    return (causal[None] & same & (key > 0))[:, None]
+
+
 def apply(
     cfg: ModelConfig,
     params: Params,
@@ -187,7 +204,8 @@ def apply(
     """Jittable forward: returns (logits [B, T, V] float32, aux dict).
 
     input_ids/attention_mask [B, T]; positions [3, B, T]. Without a cache the sequence attends
-    to itself (causal, padding masked). With `cache` ({"k","v"} [layers, B, S, K, H]) the T new
+    to itself (causal, padding masked); there attention_mask may hold segment ids of packed
+    records (`segment_mask`: no attention across records). With `cache` ({"k","v"} [layers, B, S, K, H]) the T new
     tokens are written at slots write_index..write_index+T-1 and attend to every valid slot;
     key_valid [B, S] says which slots are real. aux holds "cache", "hidden_states" (per-layer
     outputs when asked) and "hidden" (final normed hidden, when return_hidden).
@@ -205,7 +223,7 @@ def apply(
             deepstack = jnp.stack([scatter_image_tokens(is_image, f, zeros) for f in ds])
     cos, sin = text_rope(cfg.text, positions, dtype)
     if cache is None:
-        mask = attention_mask_4d(attention_mask, input_ids.shape[1], 0)
+        mask = segment_mask(attention_mask)
     else:
         mask = attention_mask_4d(key_valid, input_ids.shape[1], write_index)
     hidden, new_cache, hidden_states = model.text.decode(

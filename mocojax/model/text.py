@@ -12,8 +12,28 @@ from mocojax.model.layers import RMSNorm, activation, constrain_rows, param, sca
 from mocojax.model.rope import apply_rotary
 
 
+def causal_chunked_attention(q, k, v, mask, scale, chunk):
+    """Returns jax.nn.dot_product_attention(q, k, v, mask) for a causal mask [B, 1, T, T],
+    `chunk` queries at a time against only the keys up to the chunk's end (the later keys are
+    masked for every query of the chunk, so skipping them changes nothing)."""
+    length = q.shape[1]
+    out = []
+    for start in range(0, length, chunk):
+        stop = min(start + chunk, length)
+        out.append(
+            jax.nn.dot_product_attention(
+                q[:, start:stop],
+                k[:, :stop],
+                v[:, :stop],
+                mask=mask[:, :, start:stop, :stop],
+                scale=scale,
+            )
+        )
+    return jnp.concatenate(out, axis=1)
+
+
 class Attention(nnx.Module):
-    def __init__(self, t: TextConfig, *, param_dtype, dtype, rngs):
+    def __init__(self, t: TextConfig, *, param_dtype, dtype, rngs, attention_chunk=0):
         d, n, k, h, std = (
             t.hidden_size,
             t.num_attention_heads,
@@ -41,6 +61,7 @@ class Attention(nnx.Module):
             h, "head_dim", param_dtype=param_dtype, dtype=dtype, eps=t.rms_norm_eps
         )
         self.bias, self.head_dim, self.dtype = t.attention_bias, h, dtype
+        self.attention_chunk = attention_chunk
 
     def _proj(self, x, name):
         y = jnp.einsum("btd,dnh->btnh", x, getattr(self, f"{name}_proj")[...].astype(self.dtype))
@@ -59,9 +80,12 @@ class Attention(nnx.Module):
             v = jax.lax.dynamic_update_slice_in_dim(
                 cache_v, v.astype(cache_v.dtype), write_index, axis=1
             )
-        out = jax.nn.dot_product_attention(
-            q, k.astype(self.dtype), v.astype(self.dtype), mask=mask, scale=self.head_dim**-0.5
-        )
+        k, v, scale = k.astype(self.dtype), v.astype(self.dtype), self.head_dim**-0.5
+        if kv_cache is None and 0 < self.attention_chunk < q.shape[1]:
+            # Without a cache the mask is causal (qwen3_vl.segment_mask).
+            out = causal_chunked_attention(q, k, v, mask, scale, self.attention_chunk)
+        else:
+            out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
         y = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(self.dtype))
         if self.bias:
             y = y + self.o_bias[...].astype(self.dtype)
@@ -83,10 +107,10 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, t: TextConfig, *, param_dtype, dtype, rngs):
+    def __init__(self, t: TextConfig, *, param_dtype, dtype, rngs, attention_chunk=0):
         kw = dict(param_dtype=param_dtype, dtype=dtype)
         self.input_norm = RMSNorm(t.hidden_size, "embed", eps=t.rms_norm_eps, **kw)
-        self.attn = Attention(t, rngs=rngs, **kw)
+        self.attn = Attention(t, rngs=rngs, attention_chunk=attention_chunk, **kw)
         self.post_attention_norm = RMSNorm(t.hidden_size, "embed", eps=t.rms_norm_eps, **kw)
         self.mlp = MLP(t, rngs=rngs, **kw)
 
@@ -107,6 +131,7 @@ class TextModel(nnx.Module):
         rngs,
         remat: bool = False,
         activation_sharding=None,
+        attention_chunk: int = 0,
     ):
         kw = dict(param_dtype=param_dtype, dtype=dtype)
         self.config, self.dtype, self.remat, self.activation_sharding = (
@@ -122,7 +147,10 @@ class TextModel(nnx.Module):
             param_dtype,
             std=t.initializer_range,
         )
-        self.layers = stacked(t.num_hidden_layers, lambda r: DecoderLayer(t, rngs=r, **kw))(rngs)
+        self.layers = stacked(
+            t.num_hidden_layers,
+            lambda r: DecoderLayer(t, rngs=r, attention_chunk=attention_chunk, **kw),
+        )(rngs)
         self.norm = RMSNorm(t.hidden_size, "embed", eps=t.rms_norm_eps, **kw)
         self.lm_head = (
             None

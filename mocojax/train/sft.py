@@ -37,15 +37,79 @@ def _next_power_of_two(n):
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def micro_batches(cfg, batch, num_micro, max_patches=None):
+def pack_rows(cfg, batch, num_micro=1, row_multiple=4):
+    """Returns a right-padded host SFT batch [B, L] with its records packed several to a row.
+
+    Records (the real tokens of each row) go into rows of the same L slots, first-fit in order of
+    decreasing length; each packed row keeps its records in batch order. The row count is
+    rounded up to a multiple of lcm(row_multiple, num_micro) (few shapes to compile), at most B.
+    attention_mask holds each token's segment id (1, 2, ... within a row; 0: padding), so
+    attention never crosses records (`model.qwen3_vl.segment_mask`); positions [3, rows, L] are
+    each record's own (M-RoPE image positions included: they restart per record); role [rows, L]
+    is per token; a record's first token is no target (it would be predicted from the previous
+    record); pixel_values / image_grid_thw follow the records' new order. The loss sums and
+    token counts are those of the unpacked batch.
+    """
+    ids, mask = batch["input_ids"], np.asarray(batch["attention_mask"])
+    rows, length = ids.shape
+    lengths = mask.sum(1)
+    if (mask != (np.arange(length)[None] < lengths[:, None])).any():
+        raise ValueError("packing needs right-padded rows (attention_mask a 0/1 prefix)")
+    grid = batch["image_grid_thw"]
+    grid = np.zeros((0, 3), np.int64) if grid is None else np.asarray(grid).reshape(-1, 3)
+    positions = model.prepare_inputs(
+        cfg, ids, mask, grid if len(grid) else None, batch["mm_token_type_ids"]
+    ).positions
+    bins, fill = [], []
+    for r in np.argsort(-lengths, kind="stable"):
+        j = next((j for j, f in enumerate(fill) if f + lengths[r] <= length), len(bins))
+        if j == len(bins):
+            bins.append([])
+            fill.append(0)
+        bins[j].append(r)
+        fill[j] += lengths[r]
+    bins = sorted(sorted(b) for b in bins)
+    multiple = int(np.lcm(row_multiple, num_micro))
+    num_rows = min(-(-len(bins) // multiple) * multiple, rows)
+    out = {k: np.zeros((num_rows, length), np.int32) for k in ("input_ids", "attention_mask")}
+    for k in ("loss_mask", "mm_token_type_ids", "role"):
+        out[k] = np.zeros((num_rows, length), np.int32)
+    out["positions"] = np.zeros((3, num_rows, length), np.int32)
+    image_start = np.concatenate([[0], np.cumsum((ids == cfg.vision_start_token_id).sum(1))])
+    patch_start = np.concatenate([[0], np.cumsum(grid.prod(-1))])
+    images, patches = [], []
+    for row, records in enumerate(bins):
+        at = 0
+        for segment, r in enumerate(records, 1):
+            n, span = lengths[r], slice(at, at + lengths[r])
+            out["input_ids"][row, span] = ids[r, :n]
+            out["attention_mask"][row, span] = segment
+            out["loss_mask"][row, span] = batch["loss_mask"][r, :n]
+            out["loss_mask"][row, at] = 0
+            out["mm_token_type_ids"][row, span] = batch["mm_token_type_ids"][r, :n]
+            out["role"][row, span] = batch["role"][r]
+            out["positions"][:, row, span] = positions[:, r, :n]
+            images += range(image_start[r], image_start[r + 1])
+            at += n
+    for i in images:
+        patches += range(patch_start[i], patch_start[i + 1])
+    out["image_grid_thw"] = grid[images] if len(images) else None
+    out["pixel_values"] = batch["pixel_values"][patches] if len(images) else None
+    return out
+
+
+def micro_batches(cfg, batch, num_micro, max_patches=None, pack=False, pack_row_multiple=4):
     """Returns a host batch split into num_micro micro-batches, stacked on a leading [A] axis (numpy).
 
     input_ids / attention_mask / loss_mask [A, b, L], role [A, b], positions [A, 3, b, L],
     pixel_values [A, P, patch_dim] and vision (VisionMeta of [A, P, ...]). Every micro-batch gets
     the same P patch slots (max_patches, or the next power of two of the largest need; padding
     patches are inert), so the step sees few shapes; P >= 1 even without images, so
-    the pytree structure never changes between steps.
+    the pytree structure never changes between steps. pack: records packed several to a row
+    first (`pack_rows`: fewer rows b, segment ids in attention_mask, role [A, b, L]).
     """
+    if pack:
+        batch = pack_rows(cfg, batch, num_micro, pack_row_multiple)
     input_ids = batch["input_ids"]
     grid = batch["image_grid_thw"]
     grid = np.zeros((0, 3), np.int64) if grid is None else np.asarray(grid).reshape(-1, 3)
@@ -61,13 +125,16 @@ def micro_batches(cfg, batch, num_micro, max_patches=None):
     parts = []
     for a, (sub_grid, patches) in enumerate(spans):
         rows = slice(a * size, (a + 1) * size)
-        inputs = model.prepare_inputs(
-            cfg,
-            input_ids[rows],
-            batch["attention_mask"][rows],
-            sub_grid if len(sub_grid) else None,
-            batch["mm_token_type_ids"][rows],
-        )
+        if pack:
+            positions = batch["positions"][:, rows]
+        else:
+            positions = model.prepare_inputs(
+                cfg,
+                input_ids[rows],
+                batch["attention_mask"][rows],
+                sub_grid if len(sub_grid) else None,
+                batch["mm_token_type_ids"][rows],
+            ).positions
         vision = model.vision_metadata(cfg.vision, sub_grid, row_len=row_len)
         pixels = np.zeros((num_patches, cfg.vision.patch_dim), np.float32)
         if len(sub_grid):
@@ -78,7 +145,7 @@ def micro_batches(cfg, batch, num_micro, max_patches=None):
                 "attention_mask": batch["attention_mask"][rows],
                 "loss_mask": batch["loss_mask"][rows],
                 "role": batch["role"][rows],
-                "positions": inputs.positions.astype(np.int32),
+                "positions": positions.astype(np.int32),
                 "pixel_values": pixels,
                 "vision": pad_vision_metadata(vision, num_patches),
             }
@@ -104,7 +171,8 @@ def batch_nll(cfg, params, micro):
     targets, mask = micro["input_ids"][:, 1:], micro["loss_mask"][:, 1:]
     logprobs = model.target_logprobs(cfg, params, aux["hidden"][:, :-1], targets)
     # The mixed loss's sums are the per-role sums added up (one log-softmax, not two).
-    role_nll, role_tokens = losses.per_group_sums(-logprobs, mask, micro["role"], NUM_ROLES)
+    role = micro["role"] if micro["role"].ndim == 1 else micro["role"][:, 1:]  # packed: per token
+    role_nll, role_tokens = losses.per_group_sums(-logprobs, mask, role, NUM_ROLES)
     return role_nll.sum(), role_tokens.sum(), role_nll, role_tokens
 
 
@@ -198,10 +266,13 @@ def global_host_batch(host_batch, pad_token_id, patch_dim):
     return batch
 
 
-def device_batch(cfg, mesh, host_batch, num_micro, max_patches):
-    """Returns the micro-batched global batch (jax.Arrays sharded by BATCH_DIMS) of a global host batch."""
+def device_batch(cfg, mesh, host_batch, num_micro, max_patches, pack=False, pack_row_multiple=4):
+    """Returns the micro-batched global batch (jax.Arrays sharded by BATCH_DIMS) of a global host
+    batch (pack: records packed several to a row, `pack_rows`)."""
     return step_lib.place_batch(
-        mesh, micro_batches(cfg, host_batch, num_micro, max_patches), BATCH_DIMS
+        mesh,
+        micro_batches(cfg, host_batch, num_micro, max_patches, pack, pack_row_multiple),
+        BATCH_DIMS,
     )
 
 
@@ -294,6 +365,10 @@ def run_sft(config, workdir):
     step_fn = make_train_step(cfg, optimizer, mesh, state_shardings)
     eval_fn = jax.jit(functools.partial(eval_step, cfg), out_shardings=sharding.replicated(mesh))
     pad_token_id = setup.processor.pad_token_id
+    packing = dict(
+        pack=data_config.get("pack", False),
+        pack_row_multiple=data_config.get("pack_row_multiple", 4),
+    )
 
     def device_batches(host_batches):
         for host_batch in host_batches:
@@ -303,6 +378,7 @@ def run_sft(config, workdir):
                 global_host_batch(host_batch, pad_token_id, cfg.vision.patch_dim),
                 num_micro,
                 data_config.max_patches,
+                **packing,
             )
 
     writer = metrics_lib.MetricWriter(workdir, "sft", total_steps=sft.num_steps, initial_step=start)
@@ -315,7 +391,7 @@ def run_sft(config, workdir):
     for step in range(start + 1, sft.num_steps + 1):
         t0 = time.perf_counter()
         host_batch = global_host_batch(next(data_iter), pad_token_id, cfg.vision.patch_dim)
-        batch = device_batch(cfg, mesh, host_batch, num_micro, data_config.max_patches)
+        batch = device_batch(cfg, mesh, host_batch, num_micro, data_config.max_patches, **packing)
         state, step_metrics = step_fn(state, batch)
         last = _host_metrics(jax.device_get(step_metrics))
         seconds = time.perf_counter() - t0
