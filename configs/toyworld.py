@@ -74,6 +74,10 @@ def get_config(arg=""):
     # details, as human and teacher captions do); the roles still see full references.
     config.data.policy_drop = 0.0
     config.data.mix = (2, 1, 1)  # Policy : Generator : Judge records per scene (the paper's 2:1:1)
+    # True: the Judge is trained and asked once per (caption, rubric item), the caption first and
+    # the item last (roles.judge_item_messages); False: the paper's one call per caption with the
+    # whole rubric (roles.judge_messages).
+    config.data.judge_per_item = False
     config.data.image_size = IMAGE_SIZE
     # Fixed 96x96 images (the default min_pixels would upscale them to 256x256 = 64 tokens).
     config.data.min_pixels = IMAGE_SIZE * IMAGE_SIZE

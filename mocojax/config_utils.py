@@ -172,6 +172,13 @@ def validate(config, stages):
         "must be increasing positive ints",
     )
     _check(config, "data.group_by_role", lambda v: isinstance(v, bool), "must be True or False")
+    if "judge_per_item" in config.data:
+        _check(
+            config,
+            "data.judge_per_item",
+            lambda v: isinstance(v, bool),
+            "must be True (one Judge call per rubric item) or False (one per caption)",
+        )
     if "strict" in config.data:
         _check(
             config,
@@ -420,11 +427,17 @@ def sft_examples(config, processor=None):
             start=data.num_train_scenes,
             policy_drop=drop,
         )
-        return train, held_out
-    return tuple(
-        user_examples(config, path, processor) if path else []
-        for path in (data.train_path, data.eval_path)
-    )
+    else:
+        train, held_out = (
+            user_examples(config, path, processor) if path else []
+            for path in (data.train_path, data.eval_path)
+        )
+    if data.get("judge_per_item", False):
+        train, held_out = records_lib.judge_items(train), records_lib.judge_items(held_out)
+        if data.source == "toyworld":  # no item kind may be answered by its usual label
+            train = toyroles.balance_judge_items(train, data.seed)
+            held_out = toyroles.balance_judge_items(held_out, data.seed)
+    return train, held_out
 
 
 def user_records(config, path):

@@ -119,6 +119,17 @@ def judge_messages(rubric_items, caption):
     return [_text_message("user", text)]
 
 
+def judge_item_messages(item, caption):
+    """Returns a one-item Judge conversation: instruction, the caption, then the item last.
+
+    The per-item Judge (config `data.judge_per_item`) is asked once per (caption, item): the
+    shape of a single question about a text, with the item right before the answer. Its reply
+    is the one line ``1 | 0/1 | rationale`` that `parse_decisions(text, 1)` reads.
+    """
+    text = f"{JUDGE_INSTRUCTION}\nCaption:\n{caption}\nRubric:\n{format_rubric_for_judge([item])}"
+    return [_text_message("user", text)]
+
+
 def _format_weight(weight):
     return str(int(weight)) if float(weight).is_integer() else f"{weight:g}"
 

@@ -20,8 +20,10 @@ def patterned_roles(setattr_=setattr):
         texts, _, problems = write_rubrics(*args)
         return texts, [list(RUBRIC) for _ in texts], problems
 
-    def patterned_decisions(cfg, params, processor, rubrics, captions, rl_cfg, rng):
-        _, problems = judge_captions(cfg, params, processor, rubrics, captions, rl_cfg, rng)
+    def patterned_decisions(cfg, params, processor, rubrics, captions, rl_cfg, rng, per_item=False):
+        _, problems = judge_captions(
+            cfg, params, processor, rubrics, captions, rl_cfg, rng, per_item=per_item
+        )
         decisions = [[[i % 2, (i // 2) % 2] for i in range(len(group))] for group in captions]
         return decisions, problems
 

@@ -259,3 +259,71 @@ def test_role_grouped_batches(processor, examples):
     assert _same(first[5:8], _take(resumed, 3))
     with pytest.raises(ValueError, match="no role has 100 examples"):
         pipeline.role_batches(examples[:10], 100, seed=0)
+
+
+def test_judge_items_split_each_rubric_into_one_example_per_item():
+    judge = {
+        "id": "s/judge0",
+        "role": "judge",
+        "rubric": [
+            ["mentions a red circle", "named", 3.0],
+            ["the background is white", "white", 1.0],
+        ],
+        "caption": "a red circle on a black background",
+        "target": "1 | 1 | it is named\n2 | 0 | it is called black",
+    }
+    policy = {"id": "s/policy0", "role": "policy", "target": "a red circle"}
+    split = records.judge_items([policy, judge])
+    assert split[0] is policy
+    assert [e["id"] for e in split[1:]] == ["s/judge0/item1", "s/judge0/item2"]
+    assert [e["item"] for e in split[1:]] == judge["rubric"]
+    assert [e["target"] for e in split[1:]] == ["1 | 1 | it is named", "1 | 0 | it is called black"]
+    assert all("rubric" not in e and e["caption"] == judge["caption"] for e in split[1:])
+    # The conversation asks about the one item, caption first (roles.judge_item_messages).
+    messages = records.conversation(split[2], None)
+    assert messages[0]["content"][0]["text"].endswith(
+        "Caption:\na red circle on a black background\nRubric:\n1 | the background is white | white"
+    )
+    assert messages[-1] == {"role": "assistant", "content": "1 | 0 | it is called black"}
+    # Already split examples pass through; a target without a decision for an item is refused.
+    assert records.judge_items(split) == split
+    with pytest.raises(ValueError, match="s/judge0: missing decisions for items \\[2\\]"):
+        records.judge_items([dict(judge, target="1 | 1 | it is named")])
+
+
+def test_toy_judge_per_item_examples_keep_the_toy_labels():
+    examples = [e for e in toyroles.sft_records(seed=1, num_scenes=20) if e["role"] == "judge"]
+    split = records.judge_items(examples)
+    assert len(split) == sum(len(e["rubric"]) for e in examples)
+    for e in split:
+        item = roles.RubricItem(*e["item"])
+        (decision,), _ = roles.parse_decisions(e["target"], 1)
+        # each label is the world's exact decision for that item on that caption
+        assert toyroles.judge_accuracy([item], e["caption"], [decision])[0] == 1.0
+
+
+def test_toy_judge_items_are_balanced_within_each_item_kind():
+    examples = records.judge_items(toyroles.sft_records(seed=1, num_scenes=150, mix=(1, 0, 1)))
+
+    def shares(chosen):
+        counts = {}
+        for e in chosen:
+            if "item" in e:
+                kind = toyroles.parse_criterion(e["item"][0]).kind
+                value = roles.parse_decisions(e["target"], 1)[0][0].value
+                counts.setdefault(kind, []).append(value)
+        return {kind: (np.mean(values), len(values)) for kind, values in counts.items()}
+
+    before = shares(examples)
+    # the skew that makes each kind's usual answer a shortcut
+    assert before["absent"][0] > 0.65 and before["present"][0] < 0.4
+    balanced = toyroles.balance_judge_items(examples, seed=1)
+    after = shares(balanced)
+    for kind, (share, count) in after.items():
+        assert 0.4 <= share <= 0.6, (kind, share, count)
+    # Policy examples pass through; the selection does not depend on the examples' order.
+    assert [e for e in balanced if e["role"] == "policy"] == [
+        e for e in examples if e["role"] == "policy"
+    ]
+    reordered = toyroles.balance_judge_items(examples[::-1], seed=1)
+    assert sorted(e["id"] for e in reordered) == sorted(e["id"] for e in balanced)

@@ -251,3 +251,40 @@ def test_exact_roles_by_hand():
         exact.decisions(rubric, "A big red circle at the top left on a white background.")[0] == 1
     )
     assert exact.decisions([rubric[0]._replace(criterion="is pretty")], invented) == [0]
+
+
+def test_per_item_judge_asks_one_item_per_row_in_rl(tmp_path, monkeypatch):
+    """data.judge_per_item: the real Judge (random weights) is asked once per (caption, item),
+    every question in one batch; each caption gets one decision per rubric item."""
+    config = _toy_config()
+    config.data.judge_per_item = True
+    config.rl.num_steps = 1
+    write_rubrics, generate = rollout_lib.write_rubrics, rollout_lib._generate
+    asked = []
+
+    def fixed_rubric(*args):
+        texts, _, problems = write_rubrics(*args)
+        return texts, [list(rl_patterns.RUBRIC) for _ in texts], problems
+
+    def recording_generate(cfg, params, processor, conversations, **kwargs):
+        asked.append(conversations)
+        return generate(cfg, params, processor, conversations, **kwargs)
+
+    monkeypatch.setattr(rollout_lib, "write_rubrics", fixed_rubric)
+    monkeypatch.setattr(rollout_lib, "_generate", recording_generate)
+    monkeypatch.setattr(rl_evals, "held_out", lambda *args: {})
+    rl.run_rl(config, str(tmp_path))
+    # Policy sampling, the Generator, then the Judge: G groups x N captions x 2 items, padded to
+    # a power of two by repeating the first question.
+    judge_rows = asked[-1]
+    rows = config.rl.images_per_step * config.rl.num_samples * len(rl_patterns.RUBRIC)
+    assert len(judge_rows) >= rows and len(judge_rows) & (len(judge_rows) - 1) == 0
+    texts = [row[0]["content"][0]["text"] for row in judge_rows]
+    assert all(t.count("\n1 | ") == 1 and "\n2 | " not in t for t in texts)
+    assert texts[0].endswith("Rubric:\n1 | mentions a red circle | a red circle must be named")
+    assert texts[1].endswith("Rubric:\n1 | the background is white | it must be called white")
+    with open(tmp_path / "metrics.jsonl") as f:
+        rows_logged = [row for row in map(json.loads, f) if row["stage"] == "rl"]
+    gate = rows_logged[0]
+    assert gate["step"] == 0 and gate["gate/judge_num_items"] > 0
+    assert rows_logged[-1]["step"] == 1

@@ -135,3 +135,19 @@ def test_messages():
     assert all(
         part["type"] == "text" for m in roles.judge_messages(ITEMS, "x") for part in m["content"]
     )
+
+
+def test_judge_item_messages_put_the_caption_first_and_the_one_item_last():
+    item = roles.RubricItem("mentions a red circle", "named", 3.0)
+    (message,) = roles.judge_item_messages(item, "a small red circle at the top")
+    assert message["role"] == "user"
+    assert message["content"] == [
+        {
+            "type": "text",
+            "text": f"{roles.JUDGE_INSTRUCTION}\nCaption:\na small red circle at the top\n"
+            "Rubric:\n1 | mentions a red circle | named",
+        }
+    ]
+    # The one-line reply reads back with parse_decisions(text, 1).
+    decisions, problems = roles.parse_decisions("1 | 0 | it is not named", 1)
+    assert decisions == [roles.Decision(0, "it is not named")] and problems == []

@@ -26,7 +26,8 @@ skips them, counts them per reason in a LoadReport and logs a summary.
 A role example is a dict with "id", "role" ("policy" | "generator" | "judge"), "target" (the
 assistant reply to train on), the image ("image": a path, or "scene": a toy-world Scene) for
 Policy and Generator, "references" + "candidates" for the Generator, "rubric" (a list of
-[criterion, check, weight]) + "caption" for the Judge.
+[criterion, check, weight]) + "caption" for the Judge ("item", one [criterion, check, weight],
+instead of "rubric" for a per-item Judge example, see `judge_items`).
 """
 
 import collections
@@ -370,6 +371,35 @@ def sft_examples(records):
     return examples
 
 
+def judge_items(examples):
+    """Returns the examples with each whole-rubric Judge example split into one per item.
+
+    A per-item example has "item" ([criterion, check, weight]) instead of "rubric", the id
+    `<id>/item<k>` and the target line ``1 | 0/1 | rationale`` (config `data.judge_per_item`:
+    the Judge is asked once per item, `roles.judge_item_messages`). A target without a readable
+    decision for an item raises ValueError naming the example: the split never guesses a label.
+    Other examples pass through unchanged.
+    """
+    out = []
+    for example in examples:
+        if example["role"] != "judge" or "item" in example:
+            out.append(example)
+            continue
+        rubric = example["rubric"]
+        decisions, problems = roles.parse_decisions(example["target"], len(rubric))
+        if problems:
+            raise ValueError(f"Judge example {example['id']}: {'; '.join(problems)}")
+        for k, (item, decision) in enumerate(zip(rubric, decisions)):
+            split = {key: value for key, value in example.items() if key != "rubric"}
+            split.update(
+                id=f"{example['id']}/item{k + 1}",
+                item=list(item),
+                target=roles.format_decisions([decision]),
+            )
+            out.append(split)
+    return out
+
+
 def check_lengths(examples, processor, buckets, strict=False, name="examples"):
     """Returns (the role examples that fit, LoadReport): a row longer than the largest length
     bucket is refused at load, naming its record, instead of at the step that draws it.
@@ -436,6 +466,8 @@ def conversation(example, image):
         messages = roles.policy_messages(image)
     elif role == "generator":
         messages = roles.generator_messages(image, example["references"], example["candidates"])
+    elif role == "judge" and "item" in example:  # a per-item Judge example (judge_items)
+        messages = roles.judge_item_messages(roles.RubricItem(*example["item"]), example["caption"])
     elif role == "judge":
         rubric = [roles.RubricItem(*item) for item in example["rubric"]]
         messages = roles.judge_messages(rubric, example["caption"])

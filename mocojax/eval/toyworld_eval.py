@@ -54,7 +54,7 @@ def generate_texts(cfg, params, processor, examples, batch_size, max_new_tokens,
 def held_out_kwargs(config):
     """Returns the keyword arguments of `evaluate` (and toybase_eval.evaluate) that score an
     experiment config's held-out scenes: the ones after its training scenes."""
-    return dict(
+    kwargs = dict(
         seed=config.data.seed,
         start=config.data.num_train_scenes,
         num_scenes=config.eval.num_scenes,
@@ -62,14 +62,33 @@ def held_out_kwargs(config):
         max_new_tokens=config.eval.max_new_tokens,
         image_size=config.data.image_size,
     )
+    if config.data.get("tasks", "roles") == "roles":  # the Judge is asked as it was trained
+        kwargs["judge_per_item"] = config.data.get("judge_per_item", False)
+    return kwargs
 
 
 def evaluate(
-    cfg, params, processor, *, seed, start, num_scenes, batch_size, max_new_tokens, image_size=128
+    cfg,
+    params,
+    processor,
+    *,
+    seed,
+    start,
+    num_scenes,
+    batch_size,
+    max_new_tokens,
+    image_size=128,
+    judge_per_item=False,
 ):
-    """Returns toy-world quality metrics of params on scenes start..start+num_scenes-1 (seed `seed`)."""
+    """Returns toy-world quality metrics of params on scenes start..start+num_scenes-1 (seed `seed`).
+
+    judge_per_item: the Judge is asked once per rubric item (`records.judge_items`), as a
+    `data.judge_per_item` run trains it; its accuracies are then per item, not per record.
+    """
     scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}
     examples = [r for s in scenes.values() for r in toyroles.scene_sft_records(s, seed, EVAL_MIX)]
+    if judge_per_item:
+        examples = records_lib.judge_items(examples)
     by_role = {role: [e for e in examples if e["role"] == role] for role in records_lib.ROLES}
     outputs = {
         role: generate_texts(
@@ -150,7 +169,7 @@ def _judge_scores(examples, outputs):
     confusion counts per item kind) of Judge outputs on Judge records, against the exact truth."""
     accuracy, always_1, by_kind = [], [], {}
     for e, text in zip(examples, outputs):
-        rubric = [roles.RubricItem(*item) for item in e["rubric"]]
+        rubric = [roles.RubricItem(*item) for item in ([e["item"]] if "item" in e else e["rubric"])]
         decisions, _ = roles.parse_decisions(text, len(rubric))
         accuracy.append(toyroles.judge_accuracy(rubric, e["caption"], decisions)[0])
         always_1.append(toyroles.judge_accuracy(rubric, e["caption"], [1] * len(rubric))[0])
@@ -179,15 +198,29 @@ def within_kind_balanced_accuracy(by_kind):
     return float(np.mean(scores)) if scores else 0.5
 
 
-def judge_gate(cfg, params, processor, *, seed, start, num_scenes, batch_size, max_new_tokens):
+def judge_gate(
+    cfg,
+    params,
+    processor,
+    *,
+    seed,
+    start,
+    num_scenes,
+    batch_size,
+    max_new_tokens,
+    judge_per_item=False,
+):
     """Returns the Judge's {"balanced_accuracy_within_kind", "balanced_accuracy", "accuracy",
     "accuracy_always_1", "num_items"}
-    on held-out RL-like captions (the Judge records of scenes start..start+num_scenes-1)."""
+    on held-out RL-like captions (the Judge records of scenes start..start+num_scenes-1),
+    asked once per item when judge_per_item."""
     examples = [
         r
         for s in tw.make_scenes(seed, num_scenes, start)
         for r in toyroles.scene_sft_records(s, seed, (0, 0, 2))
     ]
+    if judge_per_item:
+        examples = records_lib.judge_items(examples)
     outputs = generate_texts(
         cfg, params, processor, examples, batch_size, max_new_tokens, image_size=0
     )

@@ -68,7 +68,10 @@ class AlternatingSource(rl_lib.RubricSource):
                 f"params (rl.generator='policy', got {rl.generator!r}) and the Judge be fixed "
                 f"(rl.judge 'frozen' or 'exact', got {rl.judge!r})"
             )
-        super().__init__({r["id"]: r["scene"] for r in records if "scene" in r})
+        super().__init__(
+            {r["id"]: r["scene"] for r in records if "scene" in r},
+            config.data.get("judge_per_item", False),
+        )
 
     @staticmethod
     def is_generator_step(step):
@@ -81,7 +84,15 @@ class AlternatingSource(rl_lib.RubricSource):
         """Returns (rollout, seconds): the method's rollout, or GeneratorSamples on even steps."""
         if not self.is_generator_step(kwargs["step"]):
             return rollout_lib.collect(
-                cfg, policy_params, generator_params, judge_params, processor, group, rl, **kwargs
+                cfg,
+                policy_params,
+                generator_params,
+                judge_params,
+                processor,
+                group,
+                rl,
+                judge_per_item=self.judge_per_item,
+                **kwargs,
             )
         return self.collect_generator(
             cfg, policy_params, judge_params, processor, group, rl, **kwargs
@@ -133,7 +144,14 @@ class AlternatingSource(rl_lib.RubricSource):
                 ]
             else:
                 decisions, _ = rollout_lib.judge_captions(
-                    cfg, judge_params, processor, rubrics, judged, rl, jax.random.fold_in(rng, 4)
+                    cfg,
+                    judge_params,
+                    processor,
+                    rubrics,
+                    judged,
+                    rl,
+                    jax.random.fold_in(rng, 4),
+                    per_item=self.judge_per_item,
                 )
         rewards = [
             discrimination_reward([i.weight for i in r], d[0], d[1:]) if r else UNPARSED_REWARD

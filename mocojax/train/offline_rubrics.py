@@ -60,7 +60,7 @@ class OfflineRubricSource(rl_lib.RubricSource):
                 "config.rl.rubrics='committee': the teacher committee is drawn from the toy "
                 "world; every RL record needs its scene (data.source='toyworld')"
             )
-        super().__init__(scenes)
+        super().__init__(scenes, config.data.get("judge_per_item", False))
         self.config = config
         self.mode = rl.rubrics
         # RubiCap writes no rubric with a model: only the Judge needs parameters.
@@ -135,4 +135,4 @@ class OfflineRubricSource(rl_lib.RubricSource):
             return [c[0] for c in cached], [c[1] for c in cached], [c[2] for c in cached]
 
         args = (cfg, policy_params, generator_params, judge_params, processor, group, rl)
-        return rollout_lib.collect(*args, write=write, **kwargs)
+        return rollout_lib.collect(*args, write=write, judge_per_item=self.judge_per_item, **kwargs)

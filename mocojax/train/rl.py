@@ -316,12 +316,14 @@ class RubricSource:
 
     roles = ("generator", "judge")
 
-    def __init__(self, scenes):
+    def __init__(self, scenes, judge_per_item=False):
         self.scenes = scenes  # {image id: Scene} on the toy world, else empty
+        # the Judge is asked once per rubric item, as config.data.judge_per_item trained it
+        self.judge_per_item = judge_per_item
 
     def collect(self, *args, **kwargs):
         """Returns (Rollout, seconds per phase): rollout.collect."""
-        return rollout_lib.collect(*args, **kwargs)
+        return rollout_lib.collect(*args, judge_per_item=self.judge_per_item, **kwargs)
 
     def logs(self, rollout):
         """Returns (the step's scalars, the per-group toy truths or [])."""
@@ -358,7 +360,10 @@ def reward_source(config, records, initial_policy=None):
         from mocojax.train import offline_rubrics
 
         return offline_rubrics.OfflineRubricSource(config, records, initial_policy)
-    return RubricSource({r["id"]: r["scene"] for r in records if "scene" in r})
+    return RubricSource(
+        {r["id"]: r["scene"] for r in records if "scene" in r},
+        config.data.get("judge_per_item", False),
+    )
 
 
 def rl_records(config):

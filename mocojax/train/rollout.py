@@ -240,11 +240,57 @@ def judge_texts(cfg, params, processor, conversations, n, rl, rng):
     return decode_texts(processor.tokenizer, out.tokens, out.lengths, processor.eos_token_ids)
 
 
-def judge_captions(cfg, params, processor, rubrics, captions, rl, rng):
+def judge_items_texts(cfg, params, processor, conversations, rl, rng):
+    """Returns the per-item Judge's replies to one-item conversations, in order.
+
+    The rows are padded to a power of two (`sampling.bucket`, filler rows repeat the first),
+    so the sampler compiles once per bucket, not once per rubric length.
+    """
+    rows = len(conversations)
+    padded = conversations + [conversations[0]] * (sampling.bucket(rows, minimum=8) - rows)
+    _, out = _generate(
+        cfg,
+        params,
+        processor,
+        padded,
+        num_samples=1,
+        max_new_tokens=rl.judge_max_new_tokens,
+        temperature=rl.judge_temperature,
+        rng=rng,
+    )
+    return decode_texts(processor.tokenizer, out.tokens, out.lengths, processor.eos_token_ids)[
+        :rows
+    ]
+
+
+def _judge_per_item(cfg, params, processor, rubrics, captions, judged, rl, rng):
+    """Returns (decisions, problems) as `judge_captions` does, one Judge call per (caption, item)."""
+    n = len(captions[0])
+    decisions = [[[] for _ in range(n)] for _ in range(len(captions))]
+    problems = np.zeros((len(captions), n), np.int32)
+    rows = [(g, i, item) for g in judged for i in range(n) for item in rubrics[g]]
+    texts = judge_items_texts(
+        cfg,
+        params,
+        processor,
+        [roles.judge_item_messages(item, captions[g][i]) for g, i, item in rows],
+        rl,
+        rng,
+    )
+    for (g, i, _), text in zip(rows, texts):
+        values, found = roles.parse_decisions(text, 1)
+        decisions[g][i].append(values[0].value)
+        problems[g, i] += len(found)
+    return decisions, problems
+
+
+def judge_captions(cfg, params, processor, rubrics, captions, rl, rng, per_item=False):
     """Returns (decisions [G][N] lists of 0/1, problem counts [G, N]) of the Judge.
 
     Only groups with a rubric are judged. The N prompts of a group share the instruction +
     rubric prefix, which is encoded once and its KV cache shared by the N captions.
+    per_item (config `data.judge_per_item`): the Judge is asked once per (caption, item)
+    (`roles.judge_item_messages`), all of a step's questions in one batch.
     """
     num_groups, n = len(captions), len(captions[0])
     decisions = [[[] for _ in range(n)] for _ in range(num_groups)]
@@ -252,6 +298,8 @@ def judge_captions(cfg, params, processor, rubrics, captions, rl, rng):
     judged = [g for g in range(num_groups) if rubrics[g]]
     if not judged:
         return decisions, problems
+    if per_item:
+        return _judge_per_item(cfg, params, processor, rubrics, captions, judged, rl, rng)
     texts = judge_texts(
         cfg,
         params,
@@ -305,6 +353,7 @@ def collect(
     rng,
     exact=None,
     write=None,
+    judge_per_item=False,
 ):
     """Returns (Rollout, seconds per phase) for a group list of {id, image, references}.
 
@@ -312,7 +361,8 @@ def collect(
     temperature says otherwise, from keys folded out of the same rng). `exact` (toy world,
     `toyroles.ExactRoles`) plays the role whose `rl.generator` / `rl.judge` is "exact".
     `write(group, shown)` -> (rubric texts, rubrics, problems), when given, replaces the
-    Generator (offline rubrics, mocojax.train.offline_rubrics).
+    Generator (offline rubrics, mocojax.train.offline_rubrics). judge_per_item: the Judge is
+    asked once per rubric item (config `data.judge_per_item`, `judge_captions`).
     """
     images = [example["image"] for example in group]
     seconds = {}
@@ -353,7 +403,14 @@ def collect(
             judge_problems = np.zeros((len(group), n), np.int32)
         else:
             decisions, judge_problems = judge_captions(
-                cfg, judge_params, processor, rubrics, captions, rl, jax.random.fold_in(rng, 2)
+                cfg,
+                judge_params,
+                processor,
+                rubrics,
+                captions,
+                rl,
+                jax.random.fold_in(rng, 2),
+                per_item=judge_per_item,
             )
     rollout = Rollout(
         ids=[e["id"] for e in group],
