@@ -352,11 +352,11 @@ def reward_source(config, records, initial_policy=None):
         from mocojax.train import g2p
 
         return g2p.G2PSource(config, records)
-    if config.rl.get("train_generator", False):
+    if config.rl.train_generator:
         from mocojax.train import evolm
 
         return evolm.AlternatingSource(config, records)
-    if config.rl.get("rubrics", "online") != "online":
+    if config.rl.rubrics != "online":
         from mocojax.train import offline_rubrics
 
         return offline_rubrics.OfflineRubricSource(config, records, initial_policy)
