@@ -61,7 +61,14 @@ def _positive_int(v):
 
 
 def validate(config, stages):
-    """Raises ValueError naming the first bad key; `stages` are the names the runner knows."""
+    """Raises ValueError naming the first bad key; `stages` are the names the runner knows.
+
+    One function on purpose: it is a flat list of per-key checks in the order the config is read
+    (stages, seed, mesh, model, data, optimizer, sft, eval, export, rl), and later checks lean on
+    earlier keys (data.tasks and rl.evals on data.source, sft.global_batch_size on
+    sft.grad_accum_steps); splitting it would scatter the order that decides which bad key is named
+    first.
+    """
     _check(
         config,
         "stages",

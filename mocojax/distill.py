@@ -136,6 +136,13 @@ def _fail(message, code):
 
 
 def main(argv):
+    """Runs the distillation the flags ask for and prints its summary (exit codes: the module
+    docstring).
+
+    Long because its work sits in one try block (options.check, loading the records, one client per
+    distinct spec cached in `clients`, `distill.run`), so its except clauses map each failure to
+    exit 2 or 1 and its `finally` closes every client opened, whichever step fails.
+    """
     absl_logging.set_verbosity(absl_logging.WARNING)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")

@@ -64,7 +64,12 @@ def _patch(cfg: ModelConfig):
 
 
 def _table(cfg: ModelConfig) -> list[tuple[str, str, tuple]]:
-    """Returns rows (our dotted path, HF name with {i} for stacked layers, layout transforms)."""
+    """Returns rows (our dotted path, HF name with {i} for stacked layers, layout transforms).
+
+    Long because it is the checkpoint's name map written out as data: rows for the patch embedding,
+    the vision blocks, the merger(s) and the text layers, plus the optional rows (DeepStack mergers,
+    attention biases, an untied lm_head); it reads best as one list.
+    """
     rows = [
         ("visual.patch_embed.kernel", "model.visual.patch_embed.proj.weight", _patch(cfg)),
         ("visual.patch_embed.bias", "model.visual.patch_embed.proj.bias", _identity()),
@@ -270,6 +275,10 @@ def load_pretrained(
     is `jnp.asarray`. Raises with the tensor names on missing, unexpected or mis-shaped tensors,
     non-float or non-finite weights; with the file name on a truncated safetensors file; and
     refuses an index that points outside the directory or a config larger than the weights.
+
+    Long because the structural checks (size against the config, missing and unexpected names,
+    shapes, dtypes) share `where` and `expected` and all run before the first tensor's values are
+    read; the loop after them reads, checks finiteness, converts and places each parameter.
     """
     path = os.fspath(path)
     if not os.path.isdir(path):

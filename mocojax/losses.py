@@ -153,6 +153,10 @@ def grpo_loss(
     rho < 1 - clip_eps: the clip zeroes the gradient), "clip_frac_high" (A > 0 and
     rho > 1 + clip_eps_high), "ratio_mean", "ratio_min", "ratio_max", and "kl" when
     ref_logprobs is given (it is reported even when kl_beta = 0).
+
+    Long because the docstring and the argument checks (aggregation, shapes, clip and KL settings)
+    take about half of it; the loss is the dozen lines after them, and the metrics reuse its ratio,
+    advantages and mask, so they stay in the same function.
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"Unknown aggregation {aggregation!r}; expected one of {AGGREGATIONS}.")

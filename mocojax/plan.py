@@ -224,7 +224,12 @@ def _grpo_row(
 ):
     """Returns the Row of the RL trainer's jitted update (`rl.make_grpo_step`) on a batch laid out
     as `rl.train_batch` + `rl.place_batch` lay it out: each micro-batch's prompts encoded once and
-    their cache repeated for the N captions (`sampling.completion_logprobs`)."""
+    their cache repeated for the N captions (`sampling.completion_logprobs`).
+
+    Long because the step's abstract batch (prompt, completion, logprobs, mask, advantages, weight,
+    with their shardings), its compile and the analytic estimate beside the measured bytes all come
+    from the same shapes; split, those shapes would be recomputed or passed around.
+    """
     from mocojax.train import (
         rl as rl_lib,  # the trainer pulls in the data pipeline; only this row needs it
     )
@@ -312,7 +317,12 @@ def _sampler_rows(
 ):
     """Returns the Rows of the sampler's jitted prefill (`sampling.prefill`: the rows / N prompts of
     one call, one image each, encoded once and their cache repeated N times) and its jitted decode
-    loop (`sampling.decode`, the cache donated) over the rest of the cache."""
+    loop (`sampling.decode`, the cache donated) over the rest of the cache.
+
+    Long because the decode row is built from the prefill's outputs: the abstract cache and prefix
+    from `jax.eval_shape` of `prefill_core` give the decode loop's inputs and their shardings, so
+    the two rows are built in sequence in one function.
+    """
     data_ways = sharding.batch_ways(mesh, rules)
     tensor = mesh.shape.get("tensor", 1)
     prompts = max(rows // num_samples, 1)
@@ -422,6 +432,10 @@ def plan(
     patches (its image tokens count in `length`); 0 leaves the vision tower out. rl_new_tokens > 0
     adds the RL update (`train.rl.grpo_step`) on rl_images groups of num_samples captions of
     rl_new_tokens tokens after prompts of prompt_length tokens.
+
+    Long only in lines: the three builders' calls are written one argument per line by ruff format;
+    it computes the bytes held beside every program (params, Adam's moments, the momentum copy) once
+    and passes them to each.
     """
     optimizer = _optimizer(lr)
     state, state_sh = _train_state(cfg, mesh, optimizer, rules)
@@ -495,6 +509,12 @@ def table(rows, hbm_bytes) -> str:
 
 
 def main(argv=None):
+    """Prints the plan table for the preset and mesh on the command line (argv None: sys.argv).
+
+    Long because of the argparse declarations (18 flags, most one argument per line as ruff formats
+    them; --devices is read before jax is imported, by `fake_device_count`), followed by the config,
+    mesh and `plan` call built from them.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="8b", help="2b, 4b, 8b, 32b or tiny")
     parser.add_argument(

@@ -451,7 +451,13 @@ class Processor:
     def __call__(
         self, conversations: list[list[dict]], mode: str = "generate"
     ) -> dict[str, np.ndarray | None]:
-        """Returns numpy model inputs [B, L] (and pixel_values [P, 1536], image_grid_thw [I, 3]) for conversations."""
+        """Returns numpy model inputs [B, L] (and pixel_values [P, 1536], image_grid_thw [I, 3])
+        for conversations.
+
+        Long because it is three passes over the batch that share the per-conversation image lists
+        and token counts: check each conversation and collect its images, preprocess all images at
+        once, then encode, fit and pad every row into the batch arrays.
+        """
         if mode not in ("generate", "sft"):
             raise ValueError(f"mode must be 'generate' or 'sft', got {mode!r}")
         if not conversations:

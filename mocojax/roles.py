@@ -186,6 +186,10 @@ def parse_rubric(text, max_items=20):
     weight above MAX_WEIGHT is clipped; duplicate criteria are dropped; an unterminated last
     line without all fields is taken as truncated and dropped. Ids are only labels: items are
     renumbered in order of appearance, and duplicate or out-of-order ids are reported.
+
+    Long because each line goes through one sequence of tolerant checks (truncation, id order,
+    weight, criterion, check, duplicates, the item cap) whose order decides which problem is
+    reported and whether the item is kept; as one loop that order reads top to bottom.
     """
     problems = []
     if not isinstance(text, str):

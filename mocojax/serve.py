@@ -409,7 +409,12 @@ def make_app(
     max_body_bytes=DEFAULT_MAX_BODY_BYTES,
     max_image_pixels=processing.MAX_IMAGE_PIXELS,
 ):
-    """Returns the Starlette app that answers the OpenAI routes from batcher."""
+    """Returns the Starlette app that answers the OpenAI routes from batcher.
+
+    Long because the route handlers are closures over model, batcher and the limits; most of it is
+    `chat_completions`, which rejects an oversize body, bad JSON and a wrong model name, in that
+    order, before parsing and submitting the request.
+    """
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse
     from starlette.routing import Route

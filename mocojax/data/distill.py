@@ -479,7 +479,12 @@ def _committee_jobs(images, teachers, options):
 
 
 def _rubric_jobs(images, candidates, teachers, options):
-    """Returns {id: generator job} for the images that have candidates (runs the committee first)."""
+    """Returns {id: generator job} for the images that have candidates (runs the committee first).
+
+    Long because it holds both rubric modes: the generator mode's one job per image, and the
+    committee mode's two asked rounds (committee captions, then consensus facts) whose results build
+    the Generator jobs it returns.
+    """
     ready = [i for i in images if candidates.get(i.record["id"])]
     if options.rubric_mode == "generator":
         return {
@@ -553,7 +558,13 @@ def fit_image(image, max_pixels):
 
 
 def distill_chunk(records, teachers, options, image_root):
-    """Returns one ledger entry per record of a chunk (asks every part; raises DistillError)."""
+    """Returns one ledger entry per record of a chunk (asks every part; raises DistillError).
+
+    Long because it is the chunk's rounds of asks read top to bottom: load and downscale the images,
+    Policy captions and student candidates in one round, rubrics (`_rubric_jobs`), then Judge
+    decisions on the judged candidates, each round built from the previous one's results and each
+    `_job` call naming its role's prompt, token limit, checker and temperature.
+    """
     images = []
     for record in records:
         image = _Image(record)

@@ -285,6 +285,10 @@ def scene_sft_records(scene, seed, mix=(2, 1, 1), num_candidates=4, policy_drop=
     Judge targets are exactly right by construction (computed from the parsed caption).
     policy_drop > 0: Policy targets leave out each object with that probability
     (`toyworld.terse_caption`), as captions that skip details; the roles keep full references.
+
+    Long because the three roles' records share per-scene state built in one pass: the references
+    feed the Policy and Generator records, the first Generator rubric and its weak captions are what
+    every Judge record grades, and one rng draws the Judge's captions.
     """
     num_policy, num_generator, num_judge = mix
     references = tw.reference_captions(scene, seed, max(3, num_policy))

@@ -235,7 +235,13 @@ def run(
     num_images=None,
     seed=0,
 ):
-    """Runs the protocols; returns the evaluation dict (also written to <out_dir>/evaluation.json)."""
+    """Runs the protocols; returns the evaluation dict (also written to <out_dir>/evaluation.json).
+
+    Long because it checks every spec before any work (the protocols' data needs, the judge and
+    reader specs) and suffixes duplicate source labels, then makes each source's captions once and
+    runs the protocols in order over them; the checks stay here so that a bad spec fails before any
+    caption is generated.
+    """
     protocols = list(protocols)
     toy = config.data.source == "toyworld"
     if not toy and ("vqa" in protocols or "exact" in protocols):
@@ -343,7 +349,12 @@ def _fmt(value):
 
 
 def format_table(result):
-    """Returns the evaluation as aligned text tables, one block per protocol."""
+    """Returns the evaluation as aligned text tables, one block per protocol.
+
+    Long because each protocol has its own block (winrate's summary lines, then the rank, vqa and
+    exact tables with their own columns) reading that protocol's result keys; one function keeps the
+    report's layout in one place.
+    """
     p = result["protocols"]
     lines = [f"== evaluate: {result['model']} on {result['num_images']} held-out images =="]
     if "winrate" in p:

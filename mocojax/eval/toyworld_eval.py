@@ -84,6 +84,11 @@ def evaluate(
 
     judge_per_item: the Judge is asked once per rubric item (`records.judge_items`), as a
     `data.judge_per_item` run trains it; its accuracies are then per item, not per record.
+
+    Long because it is one pass from generation to the metrics dict: each role's outputs are
+    generated once, then Policy captions (with the image-blind baseline), Generator rubrics (with
+    the other-scene baseline) and Judge decisions are scored, and the result literal lists every
+    metric name in one place.
     """
     scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}
     examples = [r for s in scenes.values() for r in toyroles.scene_sft_records(s, seed, EVAL_MIX)]

@@ -51,6 +51,10 @@ def win_rate(records, model_captions, baseline_captions, judge, *, seed=0, num_r
     A record without a baseline caption (None: the baseline has fewer images) is skipped and
     counted in "skipped_no_baseline". Empty captions are judged as they are (they should lose)
     and counted in "empty_captions".
+
+    Long because the pairing (a seeded coin per record for which caption is shown first), the
+    verdict tally and the returned counts and position-bias diagnostics share the same per-pair
+    lists (kept, model_first, the verdicts); split, those lists would be passed between helpers.
     """
     if not len(records) == len(model_captions) == len(baseline_captions):
         raise ValueError(

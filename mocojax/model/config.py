@@ -145,7 +145,12 @@ class ModelConfig:
     # ---------------------------------------------------------------- HF config.json
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], **overrides) -> "ModelConfig":
-        """Returns the config of an HF Qwen3-VL `config.json` dict (raises on another model type)."""
+        """Returns the config of an HF Qwen3-VL `config.json` dict (raises on another model type).
+
+        Long because it is the field-by-field map from HF's text_config / vision_config keys to
+        ours, each with its default when the key is absent, plus the checks for unsupported rope
+        types and activations; as one table it can be read against a config.json.
+        """
         if d.get("model_type") != "qwen3_vl":
             raise ValueError(
                 f"not a Qwen3-VL config: model_type={d.get('model_type')!r} (expected 'qwen3_vl'; "

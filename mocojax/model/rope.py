@@ -89,6 +89,10 @@ def get_rope_index(
     offset + max(h, w) / merge. Padding (attention_mask == 0) gets position 0 and never shifts
     the others. `rope_deltas = max position + 1 - number of real tokens`: the decode position of
     a token at cache slot s is `s - pad_count + delta`.
+
+    Long because it is one nested walk: per row, runs of text tokens and runs of image tokens, each
+    image run consuming grids from one iterator shared by all rows, so the grid-mismatch errors are
+    raised where the grids are consumed.
     """
     input_ids = np.asarray(input_ids)
     batch, length = input_ids.shape

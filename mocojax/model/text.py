@@ -185,6 +185,10 @@ class TextModel(nnx.Module):
         x [B, T, D]; cos/sin [B, T, head_dim]; mask [B, 1, T, S]; deepstack [n_ds, B, T, D] added
         after the first n_ds layers; cache {"k", "v"} [layers, B, S, K, H] or None.
         Returns (hidden [B, T, D], new cache or None, per-layer outputs [layers, B, T, D] or None).
+
+        Long because its two closures (`layer_fn`, `run`) capture cos, sin, mask, the cache and
+        write_index, and the scans' outputs are reassembled here (the DeepStack stretch's and the
+        rest's caches and hidden states concatenated).
         """
         n_layers = self.config.num_hidden_layers
         x = self._constrain(x)

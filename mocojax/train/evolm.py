@@ -101,7 +101,13 @@ class AlternatingSource(rl_lib.RubricSource):
     def collect_generator(
         self, cfg, params, judge_params, processor, group, rl, *, seed, step, rng, exact=None
     ):
-        """Returns (GeneratorSamples, seconds) of one Generator update on the shared params."""
+        """Returns (GeneratorSamples, seconds) of one Generator update on the shared params.
+
+        Long because it is one Generator update's rollout read top to bottom (Policy captions,
+        rubrics on M-caption subsets, judging the reference and the N captions, discrimination
+        rewards), the first three timed and each feeding the next, as `rollout.collect` is for the
+        Policy.
+        """
         seconds = {}
         n = rl.num_samples
         images = [e["image"] for e in group]

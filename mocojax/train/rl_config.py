@@ -27,7 +27,11 @@ RUBRICS = ("online", "offline", "committee")
 
 
 def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
-    """Returns the `rl` config block: the method (shared init, m = 0.99, H = 1) on the toy world."""
+    """Returns the `rl` config block: the method (shared init, m = 0.99, H = 1) on the toy world.
+
+    Long because it is data: one assignment per `rl` key, most commented (many with the paper's
+    value), then the tiny run's overrides; a list of settings reads best in one place.
+    """
     rl = ml_collections.ConfigDict()
     rl.num_steps = 100  # paper: 600
     rl.images_per_step = 4  # groups per Policy update (paper: per-device batch 8)
@@ -161,7 +165,12 @@ def in_range(value, low, high, low_in, high_in):
 
 
 def validate(rl) -> None:
-    """Raises ValueError naming the first bad `rl` key; runs before anything is compiled."""
+    """Raises ValueError naming the first bad `rl` key; runs before anything is compiled.
+
+    Long because it is a flat list of checks (ranges, positive ints, non-negative ints, then choices
+    and cross-key rules such as subset_size <= num_samples) in the order a bad key is reported;
+    splitting it would scatter that order.
+    """
     positive = (
         "num_steps",
         "images_per_step",

@@ -363,6 +363,10 @@ def collect(
     `write(group, shown)` -> (rubric texts, rubrics, problems), when given, replaces the
     Generator (offline rubrics, mocojax.train.offline_rubrics). judge_per_item: the Judge is
     asked once per rubric item (config `data.judge_per_item`, `judge_captions`).
+
+    Long because it is the rollout's phases in order (Policy sampling, rubric generation and
+    judging, each timed, then the rewards), with each phase's alternatives side by side (offline
+    `write`, the exact toy roles, the model roles); the Rollout is filled from all of them.
     """
     images = [example["image"] for example in group]
     seconds = {}

@@ -323,7 +323,13 @@ def sft_state(config, workdir, setup, cfg, mesh, optimizer, manager):
 
 
 def run_sft(config, workdir):
-    """Runs (or resumes) Stage I as the config says; returns the last step's metrics."""
+    """Runs (or resumes) Stage I as the config says; returns the last step's metrics.
+
+    Long because it is Stage I read top to bottom, like `run_rl`: set-up (mesh, data, optimizer,
+    state restored or initialised), then one loop per step (batch, update, metrics, periodic eval,
+    skip guard, checkpoint); its closures `dataset` and `device_batches` share the set-up's
+    processor, mesh and packing options.
+    """
     sft, data_config = config.sft, config.data
     setup = config_utils.build_setup(config, workdir)
     mesh = sharding.make_mesh(config.mesh or None)
