@@ -250,3 +250,20 @@ def test_policy_drop_validated():
     config.data.policy_drop = 1.0
     with pytest.raises(ValueError, match="data.policy_drop"):
         config_utils.validate(config, main.STAGES)
+
+
+def test_per_item_judge_outputs_score_like_the_same_whole_rubric_outputs():
+    """The eval scores a per-item Judge (one reply per item) exactly as the whole-rubric Judge
+    giving the same decisions: same confusion counts, overall and per item kind."""
+    from mocojax.eval import toyworld_eval
+
+    whole = [e for e in toyroles.sft_records(1, 6, (0, 0, 1)) if e["role"] == "judge"]
+    rng = np.random.default_rng(0)
+    said = [list(rng.integers(0, 2, len(e["rubric"]))) for e in whole]
+    whole_out = [roles.format_decisions([roles.Decision(int(v), "") for v in s]) for s in said]
+    split = records.judge_items(whole)
+    split_out = [roles.format_decisions([roles.Decision(int(v), "")]) for s in said for v in s]
+    confusion, _, _, by_kind = toyworld_eval._judge_scores(whole, whole_out)
+    item_confusion, _, _, item_by_kind = toyworld_eval._judge_scores(split, split_out)
+    assert item_confusion == confusion and item_by_kind == by_kind
+    assert sum(confusion[k] for k in ("tp", "fn", "tn", "fp")) == len(split)
