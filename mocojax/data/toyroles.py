@@ -388,18 +388,20 @@ def balance_judge_items(examples, seed):
         (decision,), _ = roles.parse_decisions(example["target"], 1)
         return (fact.kind if fact else None, decision.value)
 
-    items = [e for e in examples if e["role"] == "judge" and "item" in e]
-    counts = collections.Counter(map(key, items))
+    keys = [
+        key(e) if e["role"] == "judge" and "item" in e else None for e in examples
+    ]  # (kind, label) of each per-item Judge example, parsed once
+    counts = collections.Counter(k for k in keys if k is not None)
 
-    def keep(example):
-        if example["role"] != "judge" or "item" not in example:
+    def keep(example, kind_value):
+        if kind_value is None:
             return True
-        kind, value = key(example)
+        kind, value = kind_value
         minority = min(counts[(kind, 0)], counts[(kind, 1)])
         rng = np.random.default_rng([seed, 17, zlib.crc32(example["id"].encode())])
         return rng.random() < minority / counts[(kind, value)]
 
-    return [e for e in examples if keep(e)]
+    return [e for e, k in zip(examples, keys) if keep(e, k)]
 
 
 class ExactRoles:

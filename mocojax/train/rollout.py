@@ -263,27 +263,6 @@ def judge_items_texts(cfg, params, processor, conversations, rl, rng):
     ]
 
 
-def _judge_per_item(cfg, params, processor, rubrics, captions, judged, rl, rng):
-    """Returns (decisions, problems) as `judge_captions` does, one Judge call per (caption, item)."""
-    n = len(captions[0])
-    decisions = [[[] for _ in range(n)] for _ in range(len(captions))]
-    problems = np.zeros((len(captions), n), np.int32)
-    rows = [(g, i, item) for g in judged for i in range(n) for item in rubrics[g]]
-    texts = judge_items_texts(
-        cfg,
-        params,
-        processor,
-        [roles.judge_item_messages(item, captions[g][i]) for g, i, item in rows],
-        rl,
-        rng,
-    )
-    for (g, i, _), text in zip(rows, texts):
-        values, found = roles.parse_decisions(text, 1)
-        decisions[g][i].append(values[0].value)
-        problems[g, i] += len(found)
-    return decisions, problems
-
-
 def judge_captions(cfg, params, processor, rubrics, captions, rl, rng, per_item=False):
     """Returns (decisions [G][N] lists of 0/1, problem counts [G, N]) of the Judge.
 
@@ -299,7 +278,20 @@ def judge_captions(cfg, params, processor, rubrics, captions, rl, rng, per_item=
     if not judged:
         return decisions, problems
     if per_item:
-        return _judge_per_item(cfg, params, processor, rubrics, captions, judged, rl, rng)
+        rows = [(g, i, item) for g in judged for i in range(n) for item in rubrics[g]]
+        texts = judge_items_texts(
+            cfg,
+            params,
+            processor,
+            [roles.judge_item_messages(item, captions[g][i]) for g, i, item in rows],
+            rl,
+            rng,
+        )
+        for (g, i, _), text in zip(rows, texts):
+            values, found = roles.parse_decisions(text, 1)
+            decisions[g][i].append(values[0].value)
+            problems[g, i] += len(found)
+        return decisions, problems
     texts = judge_texts(
         cfg,
         params,
