@@ -61,7 +61,12 @@ def _command(workdir, *extra):
 
 def _run(command, env):
     result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
+    if result.returncode:
+        # The first Python traceback is the cause; the tail is the other process's abort.
+        text = result.stdout + result.stderr
+        first = text.find("Traceback (most recent call last)")
+        cause = text[first : first + 5000] + "\n[...]\n" if first >= 0 else ""
+        raise AssertionError(f"exit {result.returncode}\n{cause}{text[-5000:]}")
     return result.stdout
 
 

@@ -727,3 +727,41 @@ def test_hf_non_float_or_non_finite_weights_are_refused_naming_the_tensor(damage
     save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=message):
         hf.load_pretrained(ckpt)
+
+
+# ------------------------------------------------------- a file every process writes at once
+def _build_tokenizer_repeatedly(out_dir, times):
+    for _ in range(times):
+        toyroles.build_tokenizer(out_dir)
+
+
+def test_toy_tokenizer_rebuilt_by_other_processes_always_reads_whole(tmp_path):
+    # Every process of a multi-host run builds the toy tokenizer into the same workdir at each
+    # stage; a process that read it while another rewrote it failed (CI, 2026-12-01).
+    import multiprocessing
+
+    out_dir = str(tmp_path / "tokenizer")
+    toyroles.build_tokenizer(out_dir)
+    writers = [
+        multiprocessing.get_context("fork").Process(
+            target=_build_tokenizer_repeatedly, args=(out_dir, 3)
+        )
+        for _ in range(2)
+    ]
+    for writer in writers:
+        writer.start()
+    reads, partial = 0, []
+    while any(writer.is_alive() for writer in writers):
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            reads += 1
+            try:
+                with open(os.path.join(out_dir, name)) as f:
+                    json.load(f)
+            except ValueError as error:
+                partial.append(f"{name}: {error}")
+    for writer in writers:
+        writer.join()
+        assert writer.exitcode == 0
+    assert reads > 100 and not partial, (reads, partial[:3])
+    assert sorted(os.listdir(out_dir)) == ["tokenizer.json", "tokenizer_config.json"]
+    processing.load_tokenizer(out_dir)

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import re
+import tempfile
 import zlib
 
 import numpy as np
@@ -507,7 +508,7 @@ def build_tokenizer(out_dir):
     tokenizer.decoder = decoders.Fuse()
     tokenizer.add_special_tokens(list(SPECIAL_TOKENS) + [UNK_TOKEN])
     os.makedirs(out_dir, exist_ok=True)
-    tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
+    _write_atomically(os.path.join(out_dir, "tokenizer.json"), tokenizer.to_str(pretty=True))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": 8192,
@@ -518,6 +519,20 @@ def build_tokenizer(out_dir):
         "clean_up_tokenization_spaces": False,
         "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
     }
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump(config, f, indent=1)
+    _write_atomically(os.path.join(out_dir, "tokenizer_config.json"), json.dumps(config, indent=1))
     return out_dir
+
+
+def _write_atomically(path, text):
+    """Writes text to path through a private temporary file and a rename, so that a reader never
+    sees a partial file: every process of a multi-host run builds the toy tokenizer into the same
+    workdir, and one process read it while another was rewriting it."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the tokenizer files are for everyone
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
