@@ -78,6 +78,9 @@ def get_config(arg=""):
     # the item last (roles.judge_item_messages); False: the paper's one call per caption with the
     # whole rubric (roles.judge_messages).
     config.data.judge_per_item = False
+    # True (needs judge_per_item): each per-item Judge example becomes a minimal pair, the same
+    # item on two captions that differ only where the item looks (data/toypairs.py).
+    config.data.judge_pairs = False
     config.data.image_size = IMAGE_SIZE
     # Fixed 96x96 images (the default min_pixels would upscale them to 256x256 = 64 tokens).
     config.data.min_pixels = IMAGE_SIZE * IMAGE_SIZE

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from mocojax import hf, model, processing, sharding
-from mocojax.data import records as records_lib, toybase, toyroles
+from mocojax.data import records as records_lib, toybase, toypairs, toyroles
 from mocojax.train import rl_config
 
 DATA_SOURCES = ("toyworld", "jsonl")
@@ -185,6 +185,21 @@ def validate(config, stages):
             "data.judge_per_item",
             lambda v: isinstance(v, bool),
             "must be True (one Judge call per rubric item) or False (one per caption)",
+        )
+    if "judge_pairs" in config.data:
+        _check(
+            config,
+            "data.judge_pairs",
+            lambda v: (
+                v is False
+                or (
+                    v is True
+                    and config.data.get("judge_per_item")
+                    and config.data.source == "toyworld"
+                )
+            ),
+            "must be False, or True with data.judge_per_item=True on data.source='toyworld' "
+            "(minimal pairs are built from the toy world's exact content)",
         )
     if "strict" in config.data:
         _check(
@@ -441,7 +456,10 @@ def sft_examples(config, processor=None):
         )
     if data.get("judge_per_item", False):
         train, held_out = records_lib.judge_items(train), records_lib.judge_items(held_out)
-        if data.source == "toyworld":  # no item kind may be answered by its usual label
+        if data.get("judge_pairs", False):  # every item seen with both labels (toypairs)
+            train = toypairs.judge_minimal_pairs(train, data.seed)
+            held_out = toypairs.judge_minimal_pairs(held_out, data.seed)
+        elif data.source == "toyworld":  # no item kind may be answered by its usual label
             train = toyroles.balance_judge_items(train, data.seed)
             held_out = toyroles.balance_judge_items(held_out, data.seed)
     return train, held_out
