@@ -53,30 +53,37 @@ from tqdm import tqdm
 from mocojax import endpoint, processing, roles
 from mocojax.data import records as records_lib, sources
 
-RUBRIC_MODES = ("generator", "committee")
-# Statuses the endpoint answers for a request that is itself unusable: not retried, not fatal.
-REQUEST_ERRORS = (400, 413, 422)
-# Options that change what is written: a resumed run must use the same ones.
-_RECORD_OPTIONS = (
-    "num_policy",
-    "keep_references",
-    "num_candidates",
-    "num_judged",
-    "max_asks",
-    "policy_max_tokens",
-    "candidate_max_tokens",
-    "rubric_max_tokens",
-    "judge_max_tokens",
-    "temperature",
-    "sample_temperature",
-    "student_temperature",
-    "keep_truncated",
-    "rubric_mode",
-    "committee_size",
-    "max_rubric_items",
-    "seed",
-    "image_max_pixels",
+# Split out (move only, #14); re-exported so `distill.<name>` keeps working.
+from mocojax.data.distill_ask import (  # noqa: F401
+    REQUEST_ERRORS,
+    DistillError,
+    _fatal,
+    _Image,
+    _Job,
+    _reply_texts,
+    _truncated,
+    ask,
+    check_candidates,
+    check_caption,
+    check_consensus,
+    check_decisions,
+    check_rubric,
+    openai_messages,
 )
+from mocojax.data.distill_clients import LocalClient, make_client  # noqa: F401
+from mocojax.data.distill_files import (  # noqa: F401
+    _RECORD_OPTIONS,
+    _append,
+    _entry,
+    _header,
+    _read_lines,
+    format_summary,
+    ledger_path,
+    open_outputs,
+    summarize,
+)
+
+RUBRIC_MODES = ("generator", "committee")
 
 CONSENSUS_INSTRUCTION = (
     "Here are {k} captions of this image by different describers. List the facts about the image "
@@ -90,10 +97,6 @@ COMMITTEE_INSTRUCTION = (
     "wrong or missing, a major invented element), 2 important (a secondary object missing, a wrong "
     "attribute), 1 minor (vague wording, a missing detail)."
 )
-
-
-class DistillError(RuntimeError):
-    """A run that cannot go on (an endpoint that does not answer, a damaged or mismatched output)."""
 
 
 @dataclasses.dataclass
@@ -167,272 +170,6 @@ class Teachers:
     student: object = None
     committee: list = dataclasses.field(default_factory=list)
     names: dict = dataclasses.field(default_factory=dict)  # part -> spec, for the ledger header
-
-
-# ------------------------------------------------------------------------------------------------
-# Clients
-# ------------------------------------------------------------------------------------------------
-
-
-class LocalClient:
-    """A mocojax checkpoint (HF directory or workdir[@stage]) answering chat bodies in-process through
-    mocojax.serve's request parser and batcher: the same replies the served checkpoint would give."""
-
-    def __init__(
-        self,
-        spec,
-        *,
-        min_pixels=None,
-        max_pixels=None,
-        dtype="float32",
-        max_batch=16,
-        max_tokens_limit=4096,
-        max_n=64,
-        progress=True,
-    ):
-        from mocojax import serve
-
-        self._serve = serve
-        self.model = serve.load_model(
-            spec, min_pixels=min_pixels, max_pixels=max_pixels, dtype=dtype
-        )
-        self.batcher = serve.Batcher(
-            self.model, max_batch=max_batch, max_tokens_limit=max_tokens_limit
-        )
-        self.limits = dict(max_tokens_limit=max_tokens_limit, max_n=max_n)
-        self.progress, self.stats = progress, {"sent": 0, "retries": 0, "cached": 0}
-
-    def close(self):
-        self.batcher.close()
-
-    def chat_many(self, bodies, *, return_exceptions=False, desc="local"):
-        pending = []
-        for body in bodies:
-            try:
-                request = self._serve.parse_request(body, **self.limits)
-                pending.append((request, self.batcher.submit(request)))
-            except self._serve.RequestError as e:
-                pending.append((None, endpoint.EndpointError(f"{self.model.name}: {e}", 400)))
-        results = []
-        for request, future in tqdm(pending, desc=desc, disable=not self.progress, leave=False):
-            if isinstance(future, BaseException):
-                results.append(future)
-                continue
-            self.stats["sent"] += 1
-            try:
-                results.append(self._serve.completion_body(self.model, request, future.result()))
-            except Exception as e:  # noqa: BLE001 - a bad prompt (too long) is that request's error
-                results.append(
-                    endpoint.EndpointError(f"{self.model.name}: {type(e).__name__}: {e}", 400)
-                )
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors and not return_exceptions:
-            raise errors[0]
-        return results
-
-
-def make_client(
-    spec,
-    *,
-    cache_dir=None,
-    concurrency=8,
-    timeout=120.0,
-    max_retries=5,
-    api_key_env="OPENAI_API_KEY",
-    min_pixels=None,
-    max_pixels=None,
-    progress=True,
-):
-    """Returns the client of a spec: "openai:URL#MODEL" (an EndpointClient caching under cache_dir)
-    or a local checkpoint (LocalClient)."""
-    if spec.startswith("openai:"):
-        url, _, model = spec[len("openai:") :].partition("#")
-        if not model:
-            raise ValueError(f"{spec!r}: want openai:http(s)://host:port/v1#MODEL")
-        return endpoint.EndpointClient(
-            url,
-            model,
-            api_key=os.environ.get(api_key_env) if api_key_env else None,
-            cache_dir=cache_dir,
-            concurrency=concurrency,
-            timeout=timeout,
-            max_retries=max_retries,
-            progress=progress,
-        )
-    return LocalClient(spec, min_pixels=min_pixels, max_pixels=max_pixels, progress=progress)
-
-
-# ------------------------------------------------------------------------------------------------
-# Asking with checks and re-asks
-# ------------------------------------------------------------------------------------------------
-
-
-def openai_messages(messages, image_url):
-    """Returns roles.* messages (processing's format) as OpenAI messages, images as image_url."""
-    out = []
-    for message in messages:
-        content = message["content"]
-        if isinstance(content, list):
-            content = [
-                {"type": "image_url", "image_url": {"url": image_url}}
-                if part["type"] == "image"
-                else {"type": "text", "text": part["text"]}
-                for part in content
-            ]
-        out.append({"role": message["role"], "content": content})
-    return out
-
-
-@dataclasses.dataclass
-class _Image:
-    """One image's state while its chunk is in flight."""
-
-    record: dict
-    image_url: str = ""
-    asked: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    bad: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    dropped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    errors: list = dataclasses.field(default_factory=list)
-    rejects: list = dataclasses.field(default_factory=list)
-    # committee mode: the usable committee captions, then the consensus facts
-    committee: list = None
-    consensus: list = None
-
-
-@dataclasses.dataclass
-class _Job:
-    """One output to obtain: a prompt, its client and the check its reply must pass."""
-
-    image: _Image
-    part: str
-    client: object
-    messages: list
-    max_tokens: int
-    check: object  # reply -> (value, problems)
-    temperature: float
-    draw: int = 0  # distinguishes outputs of the same prompt (extra captions): seeds differ
-    n: int = 1
-    result: object = None
-
-    def body(self, attempt, options):
-        temperature = (
-            self.temperature if attempt == 0 else max(self.temperature, options.sample_temperature)
-        )
-        body = {
-            "messages": self.messages,
-            "max_tokens": self.max_tokens,
-            "temperature": temperature,
-        }
-        if self.n > 1:
-            body["n"] = self.n
-        if temperature > 0:
-            body["seed"] = options.seed + 1000 * attempt + self.draw
-        return body
-
-
-def _reply_texts(reply):
-    return [(c["message"].get("content") or "", c.get("finish_reason")) for c in reply["choices"]]
-
-
-def check_caption(reply, keep_truncated=False):
-    """Returns (caption, problems) of a Policy / committee reply."""
-    text, finish = _reply_texts(reply)[0]
-    if not text.strip():
-        return None, ["empty caption"]
-    if finish == "length" and not keep_truncated:
-        return None, ["caption cut at max_tokens (finish_reason length)"]
-    return text.strip(), []
-
-
-def check_candidates(reply, n):
-    """Returns (the non-empty student captions, problems): problems when fewer than n came back."""
-    texts = [t.strip() for t, _ in _reply_texts(reply) if t.strip()]
-    return texts, [] if len(texts) >= n else [f"{len(texts)} non-empty captions of {n}"]
-
-
-def _truncated(reply):
-    return (
-        ["reply cut at max_tokens (finish_reason length)"]
-        if _reply_texts(reply)[0][1] == "length"
-        else []
-    )
-
-
-def check_rubric(reply, max_items):
-    """Returns (rubric items, problems) of a Generator reply, through roles.parse_rubric."""
-    items, problems = roles.parse_rubric(_reply_texts(reply)[0][0], max_items=max_items)
-    return items, _truncated(reply) + problems
-
-
-def check_decisions(reply, num_items):
-    """Returns (decisions, problems) of a Judge reply, through roles.parse_decisions."""
-    decisions, problems = roles.parse_decisions(_reply_texts(reply)[0][0], num_items)
-    return decisions, _truncated(reply) + problems
-
-
-def check_consensus(reply, k, max_items):
-    """Returns (facts held by >= ceil(k/2) captions, problems): the rubric parser reads
-    ``id | count | fact | captions`` lines, the count in the weight field."""
-    need = math.ceil(k / 2)
-    items, problems = roles.parse_rubric(_reply_texts(reply)[0][0], max_items=max_items)
-    problems = _truncated(reply) + problems
-    problems += [
-        f"fact {f.criterion!r}: {f.weight:g} captions of {k}" for f in items if f.weight > k
-    ]
-    facts = [f.criterion for f in items if f.weight >= need]
-    if items and not facts:
-        problems.append(f"no fact stated by {need} or more captions")
-    return facts, problems
-
-
-def _fatal(error):
-    return not isinstance(error, endpoint.EndpointError) or error.status not in REQUEST_ERRORS
-
-
-def ask(jobs, options, desc):
-    """Fills job.result for every job whose reply passes its check within options.max_asks asks;
-    counts asks, bad replies, drops and request errors on each job's image. Raises DistillError on
-    an endpoint failure that is not the request's own fault."""
-    pending = list(jobs)
-    for attempt in range(options.max_asks):
-        if not pending:
-            break
-        retry = []
-        by_client = collections.defaultdict(list)
-        for job in pending:
-            by_client[id(job.client)].append(job)
-        for group in by_client.values():
-            replies = group[0].client.chat_many(
-                [job.body(attempt, options) for job in group],
-                return_exceptions=True,
-                desc=f"{desc} ask {attempt + 1}",
-            )
-            for job, reply in zip(group, replies):
-                job.image.asked[job.part] += 1
-                if isinstance(reply, BaseException):
-                    if _fatal(reply):
-                        raise DistillError(
-                            f"{job.part} request for image {job.image.record['id']}: {reply}"
-                        )
-                    job.image.errors.append(f"{job.part}: {reply}")
-                    continue
-                value, problems = job.check(reply)
-                if problems:
-                    job.image.bad[job.part] += 1
-                    job.image.rejects.append(
-                        {
-                            "part": job.part,
-                            "ask": attempt + 1,
-                            "problems": problems[:10],
-                            "text": _reply_texts(reply)[0][0][:2000],
-                        }
-                    )
-                    retry.append(job)
-                else:
-                    job.result = value
-        pending = retry
-    for job in pending:
-        job.image.dropped[job.part] += 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -646,204 +383,6 @@ def distill_chunk(records, teachers, options, image_root):
         )
         for image in images
     ]
-
-
-def _entry(image, policy_jobs, candidates, rubric_job, judged, options, image_root):
-    """Returns the ledger entry of a finished image: its output record (or None) and its counts."""
-    record = image.record
-    targets = []
-    for job in policy_jobs:
-        if job.result is None:
-            continue
-        if job.result in targets:  # the teacher said the same twice: not a second target
-            image.bad["policy"] += 1
-            image.dropped["policy"] += 1
-            image.rejects.append(
-                {"part": "policy", "ask": 0, "problems": ["duplicate caption"], "text": job.result}
-            )
-            continue
-        targets.append(job.result)
-    if options.keep_references:
-        targets += [r for r in record["references"] if r not in targets]
-    out = {
-        "id": record["id"],
-        "image": os.path.relpath(record["image"], image_root),
-        "references": record["references"],
-        "policy_targets": targets,
-    }
-    rubric = rubric_job.result if rubric_job is not None else None
-    if rubric:
-        out["candidates"] = [{"id": f"c{k}", "caption": c} for k, c in enumerate(candidates)]
-        out["rubric"] = [
-            {"criterion": i.criterion, "check": i.check, "weight": i.weight} for i in rubric
-        ]
-        if judged:
-            out["decisions"] = {
-                cid: [{"value": d.value, "rationale": d.rationale} for d in ds]
-                for cid, ds in judged.items()
-            }
-    written = bool(targets) or bool(rubric)
-    entry = {
-        "id": record["id"],
-        "status": "written" if written else "dropped",
-        "record": out if written else None,
-        "asked": dict(image.asked),
-        "bad": dict(image.bad),
-        "dropped": dict(image.dropped),
-        "errors": image.errors,
-        "rejects": image.rejects,
-    }
-    if image.committee is not None:
-        entry["committee"], entry["consensus"] = image.committee, image.consensus
-    return entry
-
-
-# ------------------------------------------------------------------------------------------------
-# Files: the ledger, the records, resume
-# ------------------------------------------------------------------------------------------------
-
-
-def ledger_path(out):
-    return out + ".ledger.jsonl"
-
-
-def _read_lines(path):
-    """Returns (rows, byte length of the whole lines): a last line without its newline, or one that
-    is not JSON, is a torn write and left out; bad JSON before the last line raises ValueError."""
-    if not os.path.exists(path):
-        return [], 0
-    with open(path, "rb") as f:
-        data = f.read()
-    rows, good = [], 0
-    lines = data.splitlines(keepends=True)
-    for k, line in enumerate(lines):
-        if not line.endswith(b"\n"):
-            break
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            if k == len(lines) - 1:
-                break
-            raise ValueError(
-                f"{path}: line {k + 1} is not JSON; the file is damaged (move it away to start over)"
-            )
-        good += len(line)
-    if good < len(data):
-        logging.warning(
-            "%s: cut a torn last line (%d bytes) left by an interrupted run", path, len(data) - good
-        )
-        with open(path, "r+b") as f:
-            f.truncate(good)
-            os.fsync(f.fileno())
-    return rows, good
-
-
-def _append(f, row):
-    f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def _header(options, teachers, source):
-    return {
-        "options": {k: getattr(options, k) for k in _RECORD_OPTIONS},
-        "teachers": teachers.names,
-        "source": source,
-    }
-
-
-def open_outputs(out, header):
-    """Returns (ledger entries so far, ledger file, records file) opened for appending, after
-    repairing what a kill left: torn last lines cut, a ledgered record missing from OUT appended.
-    Raises ValueError for files this run cannot continue (other settings, damage, foreign records)."""
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    rows, _ = _read_lines(ledger_path(out))
-    if rows:
-        if rows[0].get("options") != header["options"]:
-            diff = sorted(
-                k
-                for k in set(header["options"]) | set(rows[0].get("options", {}))
-                if rows[0].get("options", {}).get(k) != header["options"].get(k)
-            )
-            raise ValueError(
-                f"{out}: was started with other settings ({', '.join(diff)}); "
-                "rerun with the same flags, or give another --out"
-            )
-        if rows[0].get("teachers") != header["teachers"]:  # a server restarted on another port, say
-            logging.warning(
-                "%s: resuming with other teachers %s (started with %s)",
-                out,
-                header["teachers"],
-                rows[0].get("teachers"),
-            )
-        entries = rows[1:]
-    else:
-        if os.path.exists(out) and os.path.getsize(out):
-            raise ValueError(
-                f"{out} exists but has no ledger {ledger_path(out)}; move it away or give another --out"
-            )
-        entries = []
-    written, _ = _read_lines(out)
-    ledgered = {e["id"] for e in entries}
-    extra = [r.get("id") for r in written if r.get("id") not in ledgered]
-    if extra:
-        raise ValueError(
-            f"{out} holds records the ledger does not list ({extra[:3]}); it was not written by this run"
-        )
-    ledger = open(ledger_path(out), "a")
-    if not rows:
-        _append(ledger, header)
-    records = open(out, "a")
-    have = {r["id"] for r in written}
-    for entry in entries:  # killed between the ledger line and the record line
-        if entry["status"] == "written" and entry["id"] not in have:
-            _append(records, entry["record"])
-    return entries, ledger, records
-
-
-def summarize(entries, client_stats=None):
-    """Returns the counts of a ledger: images written / dropped, per part asks / bad / dropped / errors,
-    Policy, Generator and Judge records, and the most common problems."""
-    parts = collections.defaultdict(collections.Counter)
-    problems = collections.Counter()
-    roles_written = collections.Counter()
-    for entry in entries:
-        for key in ("asked", "bad", "dropped"):
-            for part, n in entry[key].items():
-                parts[part][key] += n
-        for error in entry["errors"]:
-            parts[error.split(":")[0]]["errors"] += 1
-        for reject in entry["rejects"]:
-            problems[reject["problems"][0] if reject["problems"] else "?"] += 1
-        record = entry.get("record")
-        if record:
-            roles_written["policy"] += len(record["policy_targets"])
-            roles_written["generator"] += int("rubric" in record)
-            roles_written["judge"] += len(record.get("decisions", {}))
-    status = collections.Counter(e["status"] for e in entries)
-    return {
-        "images": {"written": status["written"], "dropped": status["dropped"]},
-        "sft_examples": dict(roles_written),
-        "parts": {
-            p: {k: c[k] for k in ("asked", "bad", "dropped", "errors")}
-            for p, c in sorted(parts.items())
-        },
-        "top_problems": problems.most_common(10),
-        "this_run": client_stats or {},
-    }
-
-
-def format_summary(summary):
-    lines = [
-        f"images: {summary['images']['written']} written, {summary['images']['dropped']} dropped; "
-        f"SFT examples: {summary['sft_examples']}",
-        f"{'part':<12}{'asked':>8}{'bad':>8}{'dropped':>9}{'errors':>8}",
-    ]
-    for part, c in summary["parts"].items():
-        lines.append(f"{part:<12}{c['asked']:>8}{c['bad']:>8}{c['dropped']:>9}{c['errors']:>8}")
-    for problem, n in summary["top_problems"][:5]:
-        lines.append(f"  {n} x {problem}")
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,103 @@
+"""The teacher clients of distill: LocalClient (a mocojax checkpoint answering in-process through
+mocojax.serve) and make_client (an endpoint spec or a checkpoint to its client). Split from
+mocojax/data/distill.py, which re-exports these names."""
+
+from __future__ import annotations
+
+import os
+
+from tqdm import tqdm
+
+from mocojax import endpoint
+
+# ------------------------------------------------------------------------------------------------
+# Clients
+# ------------------------------------------------------------------------------------------------
+
+
+class LocalClient:
+    """A mocojax checkpoint (HF directory or workdir[@stage]) answering chat bodies in-process through
+    mocojax.serve's request parser and batcher: the same replies the served checkpoint would give."""
+
+    def __init__(
+        self,
+        spec,
+        *,
+        min_pixels=None,
+        max_pixels=None,
+        dtype="float32",
+        max_batch=16,
+        max_tokens_limit=4096,
+        max_n=64,
+        progress=True,
+    ):
+        from mocojax import serve
+
+        self._serve = serve
+        self.model = serve.load_model(
+            spec, min_pixels=min_pixels, max_pixels=max_pixels, dtype=dtype
+        )
+        self.batcher = serve.Batcher(
+            self.model, max_batch=max_batch, max_tokens_limit=max_tokens_limit
+        )
+        self.limits = dict(max_tokens_limit=max_tokens_limit, max_n=max_n)
+        self.progress, self.stats = progress, {"sent": 0, "retries": 0, "cached": 0}
+
+    def close(self):
+        self.batcher.close()
+
+    def chat_many(self, bodies, *, return_exceptions=False, desc="local"):
+        pending = []
+        for body in bodies:
+            try:
+                request = self._serve.parse_request(body, **self.limits)
+                pending.append((request, self.batcher.submit(request)))
+            except self._serve.RequestError as e:
+                pending.append((None, endpoint.EndpointError(f"{self.model.name}: {e}", 400)))
+        results = []
+        for request, future in tqdm(pending, desc=desc, disable=not self.progress, leave=False):
+            if isinstance(future, BaseException):
+                results.append(future)
+                continue
+            self.stats["sent"] += 1
+            try:
+                results.append(self._serve.completion_body(self.model, request, future.result()))
+            except Exception as e:  # noqa: BLE001 - a bad prompt (too long) is that request's error
+                results.append(
+                    endpoint.EndpointError(f"{self.model.name}: {type(e).__name__}: {e}", 400)
+                )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors and not return_exceptions:
+            raise errors[0]
+        return results
+
+
+def make_client(
+    spec,
+    *,
+    cache_dir=None,
+    concurrency=8,
+    timeout=120.0,
+    max_retries=5,
+    api_key_env="OPENAI_API_KEY",
+    min_pixels=None,
+    max_pixels=None,
+    progress=True,
+):
+    """Returns the client of a spec: "openai:URL#MODEL" (an EndpointClient caching under cache_dir)
+    or a local checkpoint (LocalClient)."""
+    if spec.startswith("openai:"):
+        url, _, model = spec[len("openai:") :].partition("#")
+        if not model:
+            raise ValueError(f"{spec!r}: want openai:http(s)://host:port/v1#MODEL")
+        return endpoint.EndpointClient(
+            url,
+            model,
+            api_key=os.environ.get(api_key_env) if api_key_env else None,
+            cache_dir=cache_dir,
+            concurrency=concurrency,
+            timeout=timeout,
+            max_retries=max_retries,
+            progress=progress,
+        )
+    return LocalClient(spec, min_pixels=min_pixels, max_pixels=max_pixels, progress=progress)
