@@ -30,161 +30,21 @@ import time
 
 import numpy as np
 
+# Split out (move only, #14); re-exported so `ablate.<name>` keeps working.
+from mocojax.ablate_rows import (  # noqa: F401
+    METRICS,
+    PAPER_M8,
+    ROW_NAMES,
+    ROWS,
+    SFT_KINDS,
+    TINY_OVERRIDES,
+    TRACKING_ROWS,
+    Row,
+    _grid_rows,
+)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRIDS = ("paper", "tiny")
-
-# SFT runs the rows start from: data.mix (Policy : Generator : Judge records per scene).
-SFT_KINDS = {
-    "shared": {"data.mix": (2, 1, 1)},
-    "policy_only": {"data.mix": (2, 0, 0)},
-    "roles_only": {"data.mix": (0, 1, 1)},
-}
-# The rows' paper numbers (seed 000; METHOD.md): average win rate (%) of Tables 3-5, and the
-# parameter distance at step 600 (Fig. 4). RubiCap / EvoLM: Table 1's average (72.83) minus the
-# margins the paper states (2.90 / 16.80), a different table than the ablations'.
-PAPER_M8 = 72.14
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-    """One row of the table: a config (configs/<config>.py) with overrides, on an SFT run."""
-
-    name: str
-    what: str
-    config: str = "rl_method"
-    overrides: tuple = ()  # ((dotted key, value), ...)
-    sft: str = "shared"  # SFT_KINDS key the run starts from
-    roles_sft: str = ""  # SFT_KINDS key whose checkpoint initialises the roles (rl.roles_init)
-    sft_only: bool = False  # the row is the SFT run itself, scored
-    same_as: str = ""  # the row is another row's runs (listed, not run twice)
-    paper_win_rate: float | None = None
-    paper_tracking_error: float | None = None
-
-
-def _grid_rows():
-    rows = []
-    for m in (0.9, 0.99, 0.999):
-        for h in (1, 5, 10):
-            paper = {(0.99, 1): PAPER_M8, (0.99, 5): 71.79}.get((m, h))
-            tracking = {(0.99, 1): 0.084, (0.999, 1): 0.605}.get((m, h))
-            rows.append(
-                Row(
-                    f"grid_m{m}_H{h}",
-                    f"(m, H) = ({m}, {h}), shared init, EMA on both roles",
-                    overrides=(("rl.momentum", m), ("rl.sync_every", h)),
-                    same_as="M8_method" if (m, h) == (0.99, 1) else "",
-                    paper_win_rate=paper,
-                    paper_tracking_error=tracking,
-                )
-            )
-    return rows
-
-
-ROWS = (
-    Row("M1_policy_sft", "Policy-only SFT (scored, no RL)", sft="policy_only", sft_only=True),
-    Row("M2_shared_sft", "shared multi-role SFT (scored, no RL)", sft_only=True),
-    Row(
-        "M3_offline",
-        "offline (fixed) rubrics: written once per image from the SFT Policy's samples by "
-        "separately initialised frozen roles",
-        config="rl_offline",
-        sft="policy_only",
-        roles_sft="roles_only",
-        paper_win_rate=69.22 - 0.85,
-    ),
-    Row(
-        "M4_separate_frozen",
-        "online rubrics, separately initialised frozen roles",
-        config="rl_separate_roles",
-        overrides=(("rl.momentum", 1.0),),
-        sft="policy_only",
-        roles_sft="roles_only",
-        paper_win_rate=69.22,
-    ),
-    Row(
-        "M5_separate_ema",
-        "M4 + EMA (m = 0.99, H = 1) from the separate roles",
-        config="rl_separate_roles",
-        sft="policy_only",
-        roles_sft="roles_only",
-        paper_win_rate=63.43,
-    ),
-    Row(
-        "M6_shared_frozen",
-        "shared init, frozen roles (m = 1)",
-        config="rl_frozen",
-        paper_win_rate=66.61,
-        paper_tracking_error=0.867,
-    ),
-    Row(
-        "M7_shared_copy",
-        "shared init, full sync (m, H) = (0, 1)",
-        config="rl_copy",
-        paper_win_rate=68.73,
-    ),
-    Row(
-        "M8_method",
-        "shared init + EMA (m, H) = (0.99, 1): the method",
-        paper_win_rate=PAPER_M8,
-        paper_tracking_error=0.084,
-    ),
-    Row(
-        "role_generator_ema",
-        "EMA on the Generator only, Judge frozen",
-        config="rl_generator_ema",
-        paper_win_rate=69.07,
-    ),
-    Row(
-        "role_judge_ema",
-        "EMA on the Judge only, Generator frozen",
-        config="rl_judge_ema",
-        paper_win_rate=65.84,
-    ),
-    Row("role_both_ema", "EMA on both roles (= M8)", same_as="M8_method", paper_win_rate=PAPER_M8),
-    *_grid_rows(),
-    Row(
-        "byol_cosine",
-        "m from 0.99 to 1 by BYOL's half cosine, H = 1",
-        overrides=(("rl.momentum_schedule", "byol_cosine"),),
-    ),
-    Row(
-        "rubicap",
-        "RubiCap: offline committee rubrics (K = 5 noisy teachers), frozen SFT Judge",
-        config="rl_rubicap",
-        paper_win_rate=72.83 - 2.90,
-    ),
-    Row(
-        "evolm",
-        "EvoLM: alternating Policy / Generator training on shared parameters",
-        config="rl_evolm",
-        paper_win_rate=72.83 - 16.80,
-    ),
-)
-ROW_NAMES = tuple(r.name for r in ROWS)
-# Rows whose tracking error the plot draws: m = 0.9, 0.99, 0.999 at H = 1, and frozen roles.
-TRACKING_ROWS = {
-    "m = 0.9": "grid_m0.9_H1",
-    "m = 0.99": "M8_method",
-    "m = 0.999": "grid_m0.999_H1",
-    "frozen": "M6_shared_frozen",
-}
-# Short runs for tests: every row's `:tiny` config, 2 SFT steps and 2 RL updates.
-TINY_OVERRIDES = (
-    ("sft.num_steps", 2),
-    ("sft.eval_every", 2),
-    ("sft.checkpoint_every", 2),
-    ("rl.num_steps", 2),
-    ("rl.checkpoint_every", 2),
-)
-METRICS = (
-    ("f1", "held-out F1"),
-    ("hallucinated_per_caption", "halluc./caption"),
-    ("caption_words", "words"),
-    ("judge_balanced_accuracy", "Judge bal. acc"),
-    ("zero_variance_frac", "zero-var. groups"),
-    ("reward_f1_corr_within", "within-group r"),
-    ("final_tracking_error", "final tracking err."),
-)
 
 
 @dataclasses.dataclass(frozen=True)
