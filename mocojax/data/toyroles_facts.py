@@ -1,0 +1,186 @@
+"""The toy world's rubric facts and Judge truth: Fact, the criterion templates (`item_of` writes
+them, `parse_criterion` reads them back), the exact judgement of a fact against a caption or a
+scene (`judge_fact`, `fact_is_true`) and the Judge's accuracy and confusion counts. Split from
+mocojax/data/toyroles.py (whose docstring lists the templates), which re-exports these names."""
+
+import dataclasses
+import re
+
+from mocojax import roles
+from mocojax.data import toyworld as tw
+
+WEIGHTS = {"present": 3.0, "absent": 3.0, "attribute": 2.0, "background": 1.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Fact:
+    """The meaning of one rubric criterion in this world.
+
+    kind: present / absent (object = shape + colour, colour may be None for absent),
+    attribute (referent mention, attribute name, value) or background (value).
+    """
+
+    kind: str
+    referent: tw.Mention | None = None
+    attribute: str | None = None
+    value: str | None = None
+
+
+def _referent_phrase(referent):
+    words = [w for w in (referent.size, referent.colour, referent.shape) if w]
+    return " ".join(words) + (f" at the {referent.position}" if referent.position else "")
+
+
+def _value_phrase(attribute, value):
+    return f"at the {value}" if attribute == "position" else value
+
+
+def item_of(fact):
+    """Returns the RubricItem (criterion, check, weight) that states `fact`."""
+    if fact.kind == "present":
+        noun = _referent_phrase(fact.referent)
+        return roles.RubricItem(f"mentions a {noun}", "named", WEIGHTS["present"])
+    if fact.kind == "absent":
+        noun = _referent_phrase(fact.referent)
+        return roles.RubricItem(f"does not mention a {noun}", "not named", WEIGHTS["absent"])
+    if fact.kind == "background":
+        return roles.RubricItem(
+            f"the background is {fact.value}", fact.value, WEIGHTS["background"]
+        )
+    value = _value_phrase(fact.attribute, fact.value)
+    return roles.RubricItem(
+        f"the {_referent_phrase(fact.referent)} is {value}", value, WEIGHTS["attribute"]
+    )
+
+
+def parse_criterion(criterion):
+    """Returns the Fact a criterion states in this world's language, or None if it states none."""
+    text = " ".join(criterion.lower().split())
+    for prefix, kind in (("does not mention", "absent"), ("mentions", "present")):
+        if text.startswith(prefix):
+            mentions, _ = tw.parse_caption(text[len(prefix) :])
+            if len(mentions) == 1 and (kind == "absent" or mentions[0].colour):
+                return Fact(kind, tw.Mention(mentions[0].shape, mentions[0].colour))
+            return None
+    if " is " not in text:
+        return None
+    subject, predicate = text.split(" is ", 1)
+    if "background" in subject.split():
+        _, background = tw.parse_caption(f"{predicate} background")
+        return Fact("background", value=background) if background else None
+    mentions, _ = tw.parse_caption(subject)
+    words = re.findall(r"[a-z]+", predicate)
+    values = {
+        "colour": [w for w in words if w in tw.COLOURS],
+        "size": [tw.SIZE_WORDS[w] for w in words if w in tw.SIZE_WORDS],
+        "position": [p] if (p := tw.position_of(words)) else [],
+    }
+    stated = [(a, v[0]) for a, v in values.items() if len(v) == 1]
+    if len(mentions) != 1 or len(stated) != 1 or any(len(v) > 1 for v in values.values()):
+        return None
+    attribute, value = stated[0]
+    if getattr(mentions[0], attribute) is not None:
+        return None
+    return Fact("attribute", mentions[0], attribute, value)
+
+
+def _matches(mention, referent):
+    return mention.shape == referent.shape and all(
+        getattr(referent, a) is None or getattr(mention, a) == getattr(referent, a)
+        for a in tw.ATTRIBUTES
+    )
+
+
+def judge_fact(fact, mentions, background):
+    """Returns the exact Decision(0/1, rationale) for `fact` on a caption's parsed content."""
+    if fact.kind == "present":
+        named = any(_matches(m, fact.referent) for m in mentions)
+        return roles.Decision(int(named), "it is named" if named else "it is not named")
+    if fact.kind == "absent":
+        named = any(_matches(m, fact.referent) for m in mentions)
+        return roles.Decision(int(not named), "it is mentioned" if named else "it is not mentioned")
+    if fact.kind == "background":
+        if background is None:
+            return roles.Decision(0, "the background is not given")
+        return roles.Decision(int(background == fact.value), f"it is called {background}")
+    candidates = [m for m in mentions if _matches(m, fact.referent)]
+    if not candidates:
+        return roles.Decision(0, f"no such {fact.referent.shape} is named")
+    stated = [getattr(m, fact.attribute) for m in candidates]
+    if fact.value in stated:
+        return roles.Decision(1, f"it is {_value_phrase(fact.attribute, fact.value)}")
+    given = [v for v in stated if v is not None]
+    if not given:
+        return roles.Decision(0, f"its {fact.attribute} is not given")
+    return roles.Decision(0, f"it is {_value_phrase(fact.attribute, given[0])}")
+
+
+def _scene_content(scene):
+    return [tw.Mention(o.shape, o.colour, o.size, o.position) for o in scene.objects]
+
+
+def fact_is_true(scene, fact):
+    """Returns whether `fact` holds of the scene (a complete caption of it meets the item)."""
+    return bool(judge_fact(fact, _scene_content(scene), scene.background).value)
+
+
+def rubric_truth_rate(scene, rubric_items):
+    """Returns (fraction of items true of the scene, number of items in no known template).
+
+    Items the world's language cannot read count as not true: the Judge could not check them.
+    """
+    if not rubric_items:
+        return 0.0, 0
+    facts = [parse_criterion(item.criterion) for item in rubric_items]
+    true = sum(f is not None and fact_is_true(scene, f) for f in facts)
+    return true / len(facts), sum(f is None for f in facts)
+
+
+def judge_accuracy(rubric_items, caption, decisions):
+    """Returns (fraction of readable items the Judge decided right, number of unreadable items)."""
+    mentions, background = tw.parse_caption(caption)
+    facts = [parse_criterion(item.criterion) for item in rubric_items]
+    scored = [(f, d) for f, d in zip(facts, decisions) if f is not None]
+    if not scored:
+        return 0.0, len(facts)
+    right = sum(
+        judge_fact(f, mentions, background).value == int(getattr(d, "value", d)) for f, d in scored
+    )
+    return right / len(scored), len(facts) - len(scored)
+
+
+def _no_decisions():
+    return dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
+
+
+def judge_confusion(rubric_items, caption, decisions, by_kind=False):
+    """Returns counts {"tp", "fn", "tn", "fp", "unreadable"} of a Judge's decisions on one caption.
+
+    Positive = the caption truly meets the item. With these, `balanced_accuracy` is the mean
+    of the true-positive and true-negative rates, which an always-"1" Judge scores 0.5 on.
+    by_kind=True: {fact kind (present / absent / attribute / background, "unreadable"): counts}.
+    """
+    mentions, background = tw.parse_caption(caption)
+    counts = {}
+    for item, decision in zip(rubric_items, decisions):
+        fact = parse_criterion(item.criterion)
+        bucket = counts.setdefault("unreadable" if fact is None else fact.kind, _no_decisions())
+        if fact is None:
+            bucket["unreadable"] += 1
+            continue
+        truth = judge_fact(fact, mentions, background).value
+        said = int(getattr(decision, "value", decision))
+        bucket[("t" if said == truth else "f") + ("p" if said else "n")] += 1
+    return counts if by_kind else pooled_confusion(counts)
+
+
+def pooled_confusion(by_kind):
+    """Returns the confusion counts of {kind: counts} summed over kinds."""
+    return {key: sum(counts[key] for counts in by_kind.values()) for key in _no_decisions()}
+
+
+def balanced_accuracy(counts):
+    """Returns (TPR + TNR) / 2 of confusion counts (a rate without cases counts as 1)."""
+    tpr = counts["tp"] / (counts["tp"] + counts["fn"]) if counts["tp"] + counts["fn"] else 1.0
+    tnr = counts["tn"] / (counts["tn"] + counts["fp"]) if counts["tn"] + counts["fp"] else 1.0
+    return (tpr + tnr) / 2
