@@ -1,8 +1,8 @@
 """Minimal-pair training data for the per-item Judge on the toy world (`data.judge_pairs`).
 
-Measured 2026-12-02 (docs/results.md, "Minimal pairs"): a per-item Judge trained on the
-world's candidate captions, labels balanced within each item kind, reached 0.67 balanced
-accuracy within kinds on held-out records of the same kind, yet on the Policy's own sampled
+Measured 2026-12-02 (docs/results.md, "The Judge on the Policy's own captions"): a per-item
+Judge trained on the world's candidate captions, labels balanced within each item kind, reached
+0.67 balanced accuracy within kinds on held-out records of the same kind, yet on the Policy's own sampled
 captions it agreed with the exact Judge on 41% of items (always "1": 52%) and its reward did
 not rank a group's captions at all (within-group r(reward, true F1) = 0.01). It had learned
 cues of how the training captions were made, not the lookup "does the caption say this?".
@@ -16,6 +16,10 @@ sentence frame and wording up to the edit. Every item is then seen with both ans
 "1" and half "0" in every kind, and only the words the item asks about tell them apart.
 Labels and rationales come from the exact Judge (`toyroles.judge_fact`) on each caption, and a
 pair is kept only when the two labels really differ.
+
+Measured the same day: 500 minimal-pair steps teach the lookup on the world's captions in part
+(0.64 within kinds on held-out pairs) but not on the Policy's longer samples (agreement with
+the exact Judge 0.39, within-group r(reward, true F1) -0.06), so the switch stays off.
 """
 
 import dataclasses
