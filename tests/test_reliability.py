@@ -730,28 +730,27 @@ def test_hf_non_float_or_non_finite_weights_are_refused_naming_the_tensor(damage
 
 
 # ------------------------------------------------------- a file every process writes at once
-def _build_tokenizer_repeatedly(out_dir, times):
-    for _ in range(times):
-        toyroles.build_tokenizer(out_dir)
-
-
 def test_toy_tokenizer_rebuilt_by_other_processes_always_reads_whole(tmp_path):
     # Every process of a multi-host run builds the toy tokenizer into the same workdir at each
     # stage; a process that read it while another rewrote it failed (CI, 2026-12-01).
-    import multiprocessing
+    import subprocess
+    import sys
 
     out_dir = str(tmp_path / "tokenizer")
     toyroles.build_tokenizer(out_dir)
+    rebuild = (
+        "from mocojax.data import toyroles\n"
+        f"for _ in range(3): toyroles.build_tokenizer({out_dir!r})"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     writers = [
-        multiprocessing.get_context("fork").Process(
-            target=_build_tokenizer_repeatedly, args=(out_dir, 3)
+        subprocess.Popen(
+            [sys.executable, "-c", rebuild], cwd=root, env=dict(os.environ, PYTHONPATH=root)
         )
         for _ in range(2)
     ]
-    for writer in writers:
-        writer.start()
     reads, partial = 0, []
-    while any(writer.is_alive() for writer in writers):
+    while any(writer.poll() is None for writer in writers):
         for name in ("tokenizer.json", "tokenizer_config.json"):
             reads += 1
             try:
@@ -759,9 +758,7 @@ def test_toy_tokenizer_rebuilt_by_other_processes_always_reads_whole(tmp_path):
                     json.load(f)
             except ValueError as error:
                 partial.append(f"{name}: {error}")
-    for writer in writers:
-        writer.join()
-        assert writer.exitcode == 0
+    assert [writer.wait() for writer in writers] == [0, 0]
     assert reads > 100 and not partial, (reads, partial[:3])
     assert sorted(os.listdir(out_dir)) == ["tokenizer.json", "tokenizer_config.json"]
     processing.load_tokenizer(out_dir)
