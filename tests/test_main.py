@@ -180,6 +180,9 @@ def test_eval_stage_scores_sft_and_rl_checkpoints_with_baselines(tmp_path):
             "judge/accuracy_always_1",
             "generator/rubric_truth_rate",
             "generator/rubric_truth_other_scene",
+            "judge_on_policy/accuracy",
+            "judge_on_policy/accuracy_always_1",
+            "judge_on_policy/balanced_accuracy_within_kind",
         ):
             assert np.isfinite(result[key]), key
         assert result["num_scenes"] == config.eval.num_scenes

@@ -267,3 +267,42 @@ def test_per_item_judge_outputs_score_like_the_same_whole_rubric_outputs():
     item_confusion, _, _, item_by_kind = toyworld_eval._judge_scores(split, split_out)
     assert item_confusion == confusion and item_by_kind == by_kind
     assert sum(confusion[k] for k in ("tp", "fn", "tn", "fp")) == len(split)
+
+
+def test_judge_on_policy_examples_carry_the_exact_decisions_on_the_policy_captions():
+    """The eval's second Judge block asks the Judge about the Policy's own captions, each read
+    against its scene's Generator rubric; the targets are the exact Judge's decisions."""
+    from mocojax.eval import toyworld_eval
+
+    examples = toyroles.sft_records(1, 40, toyworld_eval.EVAL_MIX, start=300)
+    generator = [e for e in examples if e["role"] == "generator"]
+    policy = [e for e in examples if e["role"] == "policy"]
+    scenes = {s.id: s for s in tw.make_scenes(1, 40, 300)}
+    # Stand-in Policy outputs: another scene's reference (wrong content) for every other scene.
+    order = list(scenes)
+    captions = [
+        tw.reference_captions(scenes[order[(k + k % 2) % len(order)]], 1)[0]
+        for k, e in enumerate(policy)
+    ]
+    judged = toyworld_eval.policy_judge_examples(generator, policy, captions)
+    assert 0 < len(judged) <= len(policy)
+    by_id = {e["id"]: (e, c) for e, c in zip(policy, captions)}
+    for example in judged:
+        source, caption = by_id[example["id"].removesuffix("/judged")]
+        assert example["caption"] == caption and example["scene_id"] == source["scene_id"]
+        rubric = [roles.RubricItem(*item) for item in example["rubric"]]
+        decisions, problems = roles.parse_decisions(example["target"], len(rubric))
+        assert not problems
+        mentions, background = tw.parse_caption(caption)
+        for item, decision in zip(rubric, decisions):
+            fact = toyroles.parse_criterion(item.criterion)
+            assert decision.value == toyroles.judge_fact(fact, mentions, background).value
+    # The exact Judge scores 1 on them, always-"1" less, and both labels occur in some kind.
+    exact = [e["target"] for e in judged]
+    ones = [roles.format_decisions([roles.Decision(1, "")] * len(e["rubric"])) for e in judged]
+    confusion, accuracy, always_1, by_kind = toyworld_eval._judge_scores(judged, exact)
+    assert np.mean(accuracy) == 1.0 and confusion["fp"] == confusion["fn"] == 0
+    assert toyworld_eval.within_kind_balanced_accuracy(by_kind) == 1.0
+    assert 0.2 < np.mean(always_1) < 0.9
+    _, accuracy_1, _, by_kind_1 = toyworld_eval._judge_scores(judged, ones)
+    assert accuracy_1 == always_1 and toyworld_eval.within_kind_balanced_accuracy(by_kind_1) == 0.5

@@ -89,6 +89,13 @@ def evaluate(
     generated once, then Policy captions (with the image-blind baseline), Generator rubrics (with
     the other-scene baseline) and Judge decisions are scored, and the result literal lists every
     metric name in one place.
+
+    The Judge is scored twice: "judge/*" on held-out Judge records built like its training
+    records, "judge_on_policy/*" on the Policy's own greedy captions of the same scenes, each read
+    against its scene's Generator rubric (`policy_judge_examples`), which is what RL asks it.
+    A Judge can score well on the first and no better than always "1" on the second (measured:
+    docs/results.md, "The Judge on the Policy's own captions"); compare both with their
+    always-"1" numbers.
     """
     scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}
     examples = [r for s in scenes.values() for r in toyroles.scene_sft_records(s, seed, EVAL_MIX)]
@@ -129,6 +136,16 @@ def evaluate(
     confusion, accuracy, always_1, by_kind = _judge_scores(by_role["judge"], outputs["judge"])
     said = confusion["tp"] + confusion["fp"]
     decided = said + confusion["tn"] + confusion["fn"]
+    # The Judge on what RL shows it: the Policy's own captions (records like its training
+    # records can score well while these do not; docs/results.md).
+    on_policy = policy_judge_examples(by_role["generator"], by_role["policy"], outputs["policy"])
+    if judge_per_item:
+        on_policy = records_lib.judge_items(on_policy)
+    on_policy_out = generate_texts(
+        cfg, params, processor, on_policy, batch_size, max_new_tokens, image_size
+    )
+    on_confusion, on_accuracy, on_always_1, on_by_kind = _judge_scores(on_policy, on_policy_out)
+    on_decided = sum(on_confusion.values())
     result = {
         "policy/f1": float(np.mean([m["f1"] for m in policy])),
         "policy/f1_image_blind": float(np.mean(blind)),
@@ -147,6 +164,16 @@ def evaluate(
         "judge/balanced_accuracy_within_kind": within_kind_balanced_accuracy(by_kind),
         "judge/said_1_rate": float(said / max(decided, 1)),
         "judge/true_1_rate": float((confusion["tp"] + confusion["fn"]) / max(decided, 1)),
+        "judge_on_policy/accuracy": float(np.mean(on_accuracy)) if on_accuracy else 0.0,
+        "judge_on_policy/accuracy_always_1": float(np.mean(on_always_1)) if on_always_1 else 0.0,
+        "judge_on_policy/balanced_accuracy_within_kind": within_kind_balanced_accuracy(on_by_kind),
+        "judge_on_policy/said_1_rate": float(
+            (on_confusion["tp"] + on_confusion["fp"]) / max(on_decided, 1)
+        ),
+        "judge_on_policy/true_1_rate": float(
+            (on_confusion["tp"] + on_confusion["fn"]) / max(on_decided, 1)
+        ),
+        "judge_on_policy/items": int(on_decided),
         # Per item kind (present / absent / attribute / background): which lookups the Judge has.
         **{
             f"judge/balanced_accuracy_{kind}": float(toyroles.balanced_accuracy(counts))
@@ -167,6 +194,36 @@ def evaluate(
         },
     }
     return result
+
+
+def policy_judge_examples(generator_examples, policy_examples, captions):
+    """Returns whole-rubric Judge examples on the Policy's own captions, with exact targets.
+
+    Each scene's rubric is its Generator example's target (the deficiencies of the world's
+    candidate captions, as RL's rubric is written from other samples than the one judged), read
+    on the Policy's caption of that scene; the target holds the exact Judge's decisions. Scenes
+    whose rubric has no item in the world's language are left out.
+    """
+    rubrics = {e["scene_id"]: roles.parse_rubric(e["target"])[0] for e in generator_examples}
+    out = []
+    for e, caption in zip(policy_examples, captions):
+        facts = [toyroles.parse_criterion(i.criterion) for i in rubrics.get(e["scene_id"], [])]
+        items = [i for i, f in zip(rubrics.get(e["scene_id"], []), facts) if f is not None]
+        if not items:
+            continue
+        mentions, background = tw.parse_caption(caption)
+        decisions = [toyroles.judge_fact(f, mentions, background) for f in facts if f is not None]
+        out.append(
+            {
+                "id": f"{e['id']}/judged",
+                "role": "judge",
+                "scene_id": e["scene_id"],
+                "rubric": [list(item) for item in items],
+                "caption": caption,
+                "target": roles.format_decisions(decisions),
+            }
+        )
+    return out
 
 
 def _judge_scores(examples, outputs):
