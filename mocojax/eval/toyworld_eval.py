@@ -207,12 +207,16 @@ def policy_judge_examples(generator_examples, policy_examples, captions):
     rubrics = {e["scene_id"]: roles.parse_rubric(e["target"])[0] for e in generator_examples}
     out = []
     for e, caption in zip(policy_examples, captions):
-        facts = [toyroles.parse_criterion(i.criterion) for i in rubrics.get(e["scene_id"], [])]
-        items = [i for i, f in zip(rubrics.get(e["scene_id"], []), facts) if f is not None]
-        if not items:
+        readable = [
+            (item, fact)
+            for item in rubrics.get(e["scene_id"], [])
+            if (fact := toyroles.parse_criterion(item.criterion)) is not None
+        ]
+        if not readable:
             continue
+        items = [item for item, _ in readable]
         mentions, background = tw.parse_caption(caption)
-        decisions = [toyroles.judge_fact(f, mentions, background) for f in facts if f is not None]
+        decisions = [toyroles.judge_fact(fact, mentions, background) for _, fact in readable]
         out.append(
             {
                 "id": f"{e['id']}/judged",
