@@ -175,6 +175,32 @@ def test_check_task_answers_colour_and_shape_together():
     assert sum(r["task"] == "check" for r in mixed) == 20
 
 
+def test_bind_task_asks_crossed_pairs():
+    """Binding names questions: answers exact for their caption, about half "yes", and most
+    "no" answers a colour and a shape the caption does name, on different objects; adding
+    the task leaves every other task's records as they were."""
+    records = toybase.base_records(5, 300, task_mix={"bind": 1})
+    answers, crossed = [], 0
+    for record in records:
+        mentions, _ = tw.parse_caption(record["caption"])
+        head, question = record["prompt"].split("\n")
+        assert head == f"Caption: {record['caption']}"
+        colour, shape = question.removeprefix("Does it name a ").removesuffix("?").split()
+        named = any(m.colour == colour and m.shape == shape for m in mentions)
+        assert record["target"] == ("yes" if named else "no")
+        answers.append(record["target"])
+        crossed += (
+            not named
+            and any(m.colour == colour for m in mentions)
+            and any(m.shape == shape for m in mentions)
+        )
+    assert 0.4 <= answers.count("yes") / len(answers) <= 0.6
+    assert crossed / answers.count("no") > 0.5
+    plain = toybase.base_records(5, 20)
+    mixed = toybase.base_records(5, 20, task_mix=dict(toybase.DEFAULT_TASK_MIX, bind=1))
+    assert [r for r in mixed if r["task"] != "bind"] == plain
+
+
 def test_toy_tokenizer_rebuilds_the_shipped_bases(tmp_path):
     """A base rebuilt from scratch (configs/toybase.py builds its tokenizer) gets the shipped
     base's token ids: the vocabulary corpus still holds every word the shipped one did."""

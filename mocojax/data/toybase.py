@@ -21,6 +21,9 @@ Text tasks (carried in the "judge" loss slot, no image; they teach reading a cap
   check     "Caption: ... Does it name each item? ..." + "1 | a red circle" lines
             -> "1 | yes" lines: names for 3-6 objects at once, numbered as rubric lines are;
             half named, the rest mostly a named shape in another colour (off by default)
+  bind      the names question with negatives that need binding: half named, ~35% a colour
+            and a shape the caption names on two different objects, the rest random (off by
+            default; names alone is learned as "are both words there", docs/results.md)
 
 Captions read by the text tasks mix references, the world's erroneous candidates and
 "blind" captions (random scenes' references), so reading is learned on wrong text too.
@@ -31,10 +34,10 @@ import numpy as np
 from mocojax.data import toyworld as tw
 
 IMAGE_TASKS = ("object", "grid", "cell", "find", "count", "caption")
-TEXT_TASKS = ("read", "names", "attr", "check")
+TEXT_TASKS = ("read", "names", "attr", "check", "bind")
 TASKS = IMAGE_TASKS + TEXT_TASKS
-# Records per scene and task (a scene's image is rendered once per record). `check` is last
-# in TASKS and 0 here, so the shipped base's records are unchanged by its existence.
+# Records per scene and task (a scene's image is rendered once per record). `check` and `bind`
+# are last in TASKS and 0 here, so the shipped base's records are unchanged by their existence.
 DEFAULT_TASK_MIX = {
     "object": 2,
     "grid": 1,
@@ -46,6 +49,7 @@ DEFAULT_TASK_MIX = {
     "names": 1,
     "attr": 1,
     "check": 0,
+    "bind": 0,
 }
 
 OBJECT_PROMPT = "What is in the picture?"
@@ -178,6 +182,8 @@ def _text_record(scene, task, k, caption, mentions, background, rng):
         )
     if task == "check":
         return _check_record(scene, k, caption, mentions, rng)
+    if task == "bind":
+        return _bind_record(scene, k, caption, mentions, rng)
     if task == "names":
         if mentions and rng.random() < 0.5:
             m = mentions[int(rng.integers(len(mentions)))]
@@ -221,6 +227,36 @@ def _text_record(scene, task, k, caption, mentions, background, rng):
             else (f"at the {value}" if attribute == "position" else value)
         )
     return _record(scene, task, k, f"Caption: {caption}\n{question} the {noun}?", answer, caption)
+
+
+# Shares of bind questions: a pair the caption names, then a colour and a shape it names on two
+# different objects (the rest: a random pair).
+BIND_NAMED, BIND_CROSSED = 0.5, 0.35
+
+
+def _bind_record(scene, k, caption, mentions, rng):
+    """A names question whose unnamed pairs are mostly crossed: both words are in the caption,
+    on different objects, so only reading colour and shape together answers it."""
+    named = sorted({(m.colour, m.shape) for m in mentions if m.colour})
+    colours = sorted({m.colour for m in mentions if m.colour})
+    shapes = sorted({m.shape for m in mentions})
+    crossed = [(c, s) for c in colours for s in shapes if (c, s) not in named]
+    u = rng.random()
+    if named and u < BIND_NAMED:
+        colour, shape = named[int(rng.integers(len(named)))]
+    elif crossed and u < BIND_NAMED + BIND_CROSSED:
+        colour, shape = crossed[int(rng.integers(len(crossed)))]
+    else:
+        shape = tw.SHAPES[int(rng.integers(len(tw.SHAPES)))]
+        colour = list(tw.COLOURS)[int(rng.integers(len(tw.COLOURS)))]
+    return _record(
+        scene,
+        "bind",
+        k,
+        f"Caption: {caption}\nDoes it name a {colour} {shape}?",
+        "yes" if (colour, shape) in named else "no",
+        caption,
+    )
 
 
 def _check_record(scene, k, caption, mentions, rng):

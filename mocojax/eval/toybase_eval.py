@@ -12,9 +12,9 @@ import numpy as np
 from mocojax.data import toybase
 from mocojax.eval import toyworld_eval
 
-# The base's own mix, plus one multi-item names question per scene (last in the task order,
-# so the other tasks' held-out records are the same with or without it).
-EVAL_TASK_MIX = dict(toybase.DEFAULT_TASK_MIX, check=1)
+# The base's own mix, plus one multi-item names question and one binding names question per
+# scene (last in the task order, so the other tasks' held-out records are the same without them).
+EVAL_TASK_MIX = dict(toybase.DEFAULT_TASK_MIX, check=1, bind=1)
 
 
 def evaluate(
