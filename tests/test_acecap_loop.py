@@ -231,6 +231,7 @@ def test_batched_rollout_cuts_at_k_and_calls_the_sampler_once_per_round(processo
         action_max_new_tokens=4,
         answer_max_new_tokens=4,
         final_max_new_tokens=6,
+        temperature=0.0,
     )
     # Sampler calls (padded rows, samples per row, has images): c_0 of the 2 images; round 1's
     # Composer (2 prompts x 4 samples) and Instruct (rollouts 0, 1 of each image: 4 rows);
