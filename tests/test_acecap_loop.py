@@ -2,25 +2,37 @@
 and its leave-one-out texts (by hand), the span layout of a READY and a forced rollout, and one
 batched rollout on a tiny random model (shapes, the K cut, one sampler call per round)."""
 
+import importlib
+import os
+
 import jax
 import numpy as np
 import pytest
 
-from mocojax import acecap, acecap_loop, loop_grpo, model, processing, roles, sampling
-from mocojax.data import toyroles, toyworld as tw
+from mocojax import acecap, acecap_loop, config_utils, loop_grpo, roles, sampling
+from mocojax.data import toyworld as tw
 from mocojax.train import rollout as rollout_lib
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ASK, READY = acecap_loop.ASK, acecap_loop.READY
 ONE_CIRCLE = tw.Scene("hand-1", "white", (tw.Obj("circle", "red", "large", "top left"),))
-PIXELS = 64 * 64  # 16 patches, 4 image tokens: fast on the CPU
 
 
 @pytest.fixture(scope="module")
-def processor(tmp_path_factory):
-    path = toyroles.build_tokenizer(str(tmp_path_factory.mktemp("tok")))
-    return processing.Processor(
-        processing.load_tokenizer(path), min_pixels=PIXELS, max_pixels=PIXELS
-    )
+def tiny(tmp_path_factory):
+    """configs/toyworld.py:tiny (one layer) and its Setup: the toy tokenizer's processor and a
+    random tiny model."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.syspath_prepend(REPO)
+        config = importlib.import_module("configs.toyworld").get_config("tiny")
+    # One layer instead of two: the batched rollout compiles six sampler programs, each smaller.
+    config.model.tiny = dict(config.model.tiny, num_layers=1)
+    return config, config_utils.build_setup(config, str(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="module")
+def processor(tiny):
+    return tiny[1].processor
 
 
 # ---------------------------------------------------------------------------- pure functions
@@ -172,28 +184,14 @@ SCRIPT = {
 }
 
 
-def test_batched_rollout_cuts_at_k_and_calls_the_sampler_once_per_round(processor, monkeypatch):
+def test_batched_rollout_cuts_at_k_and_calls_the_sampler_once_per_round(tiny, monkeypatch):
     """A tiny random model plays every role through the real sampler; the Composer's replies are
     replaced by SCRIPT (the toy tokenizer has no ASK / READY tokens), so the rounds are known.
     2 images x G = 4 rollouts, K = 2: sampler calls are c_0, (Composer, Instruct) x 2 rounds and
     the final captions = 6, each with the round's rows, never one per sample."""
-    cfg = model.tiny(
-        vocab_size=-(-len(processor.tokenizer) // 64) * 64,
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        vision_depth=1,
-        vision_hidden=32,
-        deepstack=(0,),
-        image_token_id=processor.image_token_id,
-        video_token_id=processor.video_token_id,
-        vision_start_token_id=processor.vision_start_token_id,
-        vision_end_token_id=processor.vision_end_token_id,
-    )
-    params = model.init_params(cfg, 0)
-    images = [tw.render(s, 64) for s in tw.make_scenes(0, 2)]
+    config, setup = tiny
+    cfg, processor, params = setup.model_config, setup.processor, setup.load_params()
+    images = [tw.render(s, config.data.image_size) for s in tw.make_scenes(0, 2)]
     g, k = 4, 2
 
     calls, generate = [], sampling.generate
