@@ -35,7 +35,7 @@ ASK, READY = "ask", "ready"
 QUESTION_MARK = "Q (asked, not a fact):"  # questions are never evidence, only c_0 and answers
 ANSWER_MARK = "A:"
 
-_ASK = re.compile(r"ask\s*:\s*(\S.*)", re.I | re.S)
+_ASK = re.compile(r"ask\s*:\s*(\S.*)", re.I)
 _READY = re.compile(r"ready[.!]?", re.I)
 
 
