@@ -263,6 +263,9 @@ def test_batched_rollout_cuts_at_k_and_calls_the_sampler_once_per_round(tiny, mo
         for kind in layout["span_kind"]
     ]
     assert spans == [[True, False], [True, True], [False, True], [False, False]] * 2
+    # What group_advantages checks holds: asked is a prefix per row, no stop after K questions.
+    loop = loop_grpo.loop_defaults()
+    loop.max_questions = k
     a_q, a_s, a_f = loop_grpo.group_advantages(
         [0.0] * 4,
         [0.5] * 4,
@@ -270,12 +273,6 @@ def test_batched_rollout_cuts_at_k_and_calls_the_sampler_once_per_round(tiny, mo
         [0.2, 0.4, 0.1, 0.3],
         out.asked[:4],
         out.stopped[:4],
-        _loop(k),
+        loop,
     )
     assert np.shape(a_q) == (4, k) and np.shape(a_s) == (4,) and np.shape(a_f) == (4,)
-
-
-def _loop(k):
-    loop = loop_grpo.loop_defaults()
-    loop.max_questions = k
-    return loop
