@@ -311,3 +311,46 @@ def rubric_reward(weights, decisions):
     else:
         reward = (values * weights).sum(-1) / total
     return float(reward) if np.ndim(reward) == 0 else reward
+
+
+# ACE-Cap's active evidence acquisition (seed 002, mocojax.acecap_loop): the Policy writes c_0;
+# the Composer, text only, reads c_0 and its question / answer history and asks or stops; the
+# vision Instruct role answers one question from the image; the Composer writes the final caption
+# from the serialised evidence. The same model plays all of them, by prompt.
+COMPOSER_INSTRUCTION = (
+    "You cannot see the image; here is a caption of it. Ask one question about the image that "
+    "the caption leaves open, as ASK: <question>, or reply READY when the caption and the answers "
+    "say enough."
+)
+INSTRUCT_INSTRUCTION = "Answer the question about this image in one short sentence."
+FINAL_INSTRUCTION = (
+    "Write the final detailed caption of the image from the evidence below. Only the caption and "
+    "the answers are facts; the questions are not."
+)
+
+
+def composer_messages(initial_caption):
+    """Returns the Composer's first turn: the instruction and c_0, no image. Later turns append
+    its reply (an assistant message) and the answer (a user message: an observation)."""
+    return [_text_message("user", f"{COMPOSER_INSTRUCTION}\nCaption:\n{initial_caption}")]
+
+
+def composer_reply(text):
+    """Returns the Composer's reply as the assistant message of its conversation."""
+    return _text_message("assistant", text)
+
+
+def observation_message(answer):
+    """Returns an Instruct answer as the user message the Composer reads (never trained on)."""
+    return _text_message("user", answer)
+
+
+def instruct_messages(image, question):
+    """Returns the Instruct conversation: the image, the instruction and one Composer question."""
+    return [_image_message(image, f"{INSTRUCT_INSTRUCTION}\nQuestion: {question}")]
+
+
+def final_message(evidence_text):
+    """Returns the scheduler's last user message to the Composer: write the final caption from
+    the serialised evidence."""
+    return _text_message("user", f"{FINAL_INSTRUCTION}\nEvidence:\n{evidence_text}")

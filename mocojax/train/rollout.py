@@ -240,27 +240,54 @@ def judge_texts(cfg, params, processor, conversations, n, rl, rng):
     return decode_texts(processor.tokenizer, out.tokens, out.lengths, processor.eos_token_ids)
 
 
-def judge_items_texts(cfg, params, processor, conversations, rl, rng):
-    """Returns the per-item Judge's replies to one-item conversations, in order.
+def sample_texts(
+    cfg,
+    params,
+    processor,
+    conversations,
+    *,
+    max_new_tokens,
+    temperature,
+    rng,
+    num_samples=1,
+    min_rows=8,
+):
+    """Returns the decoded replies [len(conversations) * num_samples] of ONE sampler call, sample j
+    of conversation i at i * num_samples + j.
 
-    The rows are padded to a power of two (`sampling.bucket`, filler rows repeat the first),
-    so the sampler compiles once per bucket, not once per rubric length.
+    The conversations are padded to a power-of-two count of at least min_rows
+    (`sampling.bucket`; filler rows repeat the first and are dropped), so the sampler compiles
+    once per bucket, not once per batch size.
     """
     rows = len(conversations)
-    padded = conversations + [conversations[0]] * (sampling.bucket(rows, minimum=8) - rows)
+    padded = conversations + [conversations[0]] * (sampling.bucket(rows, minimum=min_rows) - rows)
     _, out = _generate(
         cfg,
         params,
         processor,
         padded,
-        num_samples=1,
+        num_samples=num_samples,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        rng=rng,
+    )
+    return decode_texts(processor.tokenizer, out.tokens, out.lengths, processor.eos_token_ids)[
+        : rows * num_samples
+    ]
+
+
+def judge_items_texts(cfg, params, processor, conversations, rl, rng):
+    """Returns the per-item Judge's replies to one-item conversations, in order, padded to at
+    least 8 rows (`sample_texts`)."""
+    return sample_texts(
+        cfg,
+        params,
+        processor,
+        conversations,
         max_new_tokens=rl.judge_max_new_tokens,
         temperature=rl.judge_temperature,
         rng=rng,
     )
-    return decode_texts(processor.tokenizer, out.tokens, out.lengths, processor.eos_token_ids)[
-        :rows
-    ]
 
 
 def judge_captions(cfg, params, processor, rubrics, captions, rl, rng, per_item=False):
