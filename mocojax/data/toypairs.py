@@ -67,8 +67,8 @@ def _new_mention(referent, rng):
     return tw.Mention(referent.shape, **drawn)
 
 
-# Share of flips done as a swap between two of the caption's objects when the caption allows one
-# (see `flipped_content`); the rest remove, add or replace words as before.
+# Share of flips done as a swap between two objects of the caption (`pair_content`; a distractor
+# object is added when there is none to exchange with); the rest remove, add or replace words.
 SWAP_SHARE = 0.8
 
 
