@@ -87,6 +87,9 @@ def get_config(arg=""):
     config.data.max_pixels = IMAGE_SIZE * IMAGE_SIZE
     config.data.max_length = ml_collections.config_dict.placeholder(int)  # None: no truncation
     config.data.tokenizer = ""  # empty: built into <workdir>/tokenizer
+    # True: the toy tokenizer gets one token per " <colour> <shape>" (toyroles.PAIR_TOKENS) and is
+    # built into <workdir>/tokenizer even over model.init_from's own (its embedding rows must fit)
+    config.data.pair_tokens = False
     config.data.train_path = ""
     config.data.eval_path = ""
     config.data.image_root = ""

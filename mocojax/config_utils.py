@@ -201,6 +201,13 @@ def validate(config, stages):
             "must be False, or True with data.judge_per_item=True on data.source='toyworld' "
             "(minimal pairs are built from the toy world's exact content)",
         )
+    if "pair_tokens" in config.data:
+        _check(
+            config,
+            "data.pair_tokens",
+            lambda v: v is False or (v is True and config.data.source == "toyworld"),
+            "must be False, or True on data.source='toyworld' (the toy tokenizer's pair tokens)",
+        )
     if "strict" in config.data:
         _check(
             config,
@@ -377,11 +384,14 @@ def _round_up(n, multiple):
 def build_setup(config, workdir):
     """Returns the Setup: the toy world builds its tokenizer into <workdir>/tokenizer."""
     data = config.data
-    if config.model.init_from:
-        tokenizer_path = data.tokenizer or config.model.init_from
+    pair_tokens = data.get("pair_tokens", False)
+    if data.tokenizer:
+        tokenizer_path = data.tokenizer
+    elif config.model.init_from and not pair_tokens:
+        tokenizer_path = config.model.init_from
     else:
-        tokenizer_path = data.tokenizer or toyroles.build_tokenizer(
-            os.path.join(workdir, "tokenizer")
+        tokenizer_path = toyroles.build_tokenizer(
+            os.path.join(workdir, "tokenizer"), pair_tokens=pair_tokens
         )
     tokenizer = processing.load_tokenizer(tokenizer_path)
     processor = processing.Processor(
@@ -399,6 +409,12 @@ def build_setup(config, workdir):
     )
     if config.model.init_from:
         cfg = model.ModelConfig.from_pretrained(config.model.init_from, **dtypes)
+        if len(tokenizer) > cfg.vocab_size:
+            raise ValueError(
+                f"the tokenizer {tokenizer_path} has {len(tokenizer)} tokens but the model "
+                f"{config.model.init_from} has {cfg.vocab_size} embedding rows"
+                + (" (data.pair_tokens adds 30 tokens to the toy tokenizer)" if pair_tokens else "")
+            )
 
         def load_params(place=None):
             return hf.load_pretrained(

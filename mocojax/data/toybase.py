@@ -29,15 +29,17 @@ Captions read by the text tasks mix references, the world's erroneous candidates
 "blind" captions (random scenes' references), so reading is learned on wrong text too.
 """
 
+import collections
+
 import numpy as np
 
 from mocojax.data import toyworld as tw
 
 IMAGE_TASKS = ("object", "grid", "cell", "find", "count", "caption")
-TEXT_TASKS = ("read", "names", "attr", "check", "bind")
+TEXT_TASKS = ("read", "names", "attr", "check", "bind", "truth")
 TASKS = IMAGE_TASKS + TEXT_TASKS
-# Records per scene and task (a scene's image is rendered once per record). `check` and `bind`
-# are last in TASKS and 0 here, so the shipped base's records are unchanged by their existence.
+# Records per scene and task (a scene's image is rendered once per record). `check`, `bind` and
+# `truth` are last in TASKS and 0 here, so the shipped base's records are unchanged by them.
 DEFAULT_TASK_MIX = {
     "object": 2,
     "grid": 1,
@@ -50,6 +52,7 @@ DEFAULT_TASK_MIX = {
     "attr": 1,
     "check": 0,
     "bind": 0,
+    "truth": 0,
 }
 
 OBJECT_PROMPT = "What is in the picture?"
@@ -58,6 +61,7 @@ COUNT_PROMPT = "How many objects are there?"
 CAPTION_PROMPT = "Write a caption."
 READ_PROMPT = "List the objects it names."
 CHECK_PROMPT = "Does it name each item? One line per item."
+TRUTH_PROMPT = "Check:"  # then a rubric criterion; words of the shipped tokenizer only
 CHECK_ITEMS = (3, 6)  # items per check question, inclusive
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
@@ -184,6 +188,8 @@ def _text_record(scene, task, k, caption, mentions, background, rng):
         return _check_record(scene, k, caption, mentions, rng)
     if task == "bind":
         return _bind_record(scene, k, caption, mentions, rng)
+    if task == "truth":
+        return _truth_record(scene, k, caption, mentions, background, rng)
     if task == "names":
         if mentions and rng.random() < 0.5:
             m = mentions[int(rng.integers(len(mentions)))]
@@ -257,6 +263,66 @@ def _bind_record(scene, k, caption, mentions, rng):
         "yes" if (colour, shape) in named else "no",
         caption,
     )
+
+
+def truth_facts(scene, caption, mentions):
+    """Returns the rubric facts a `truth` question may ask about a caption: the items the exact
+    Generator would write for it (`toyroles.rubric_facts`: what it misses, gets wrong or
+    invents, filled with the scene's objects and background), a presence item for every
+    colour-shape pair it names, the attribute items of every object of the scene and an absent
+    item for each crossed pair of the scene (a colour and a shape on different objects), each
+    fact once."""
+    from mocojax.data import toyroles  # toyroles builds its vocabulary from this module
+
+    facts = toyroles.rubric_facts(scene, [caption], max_items=toyroles.MAX_RUBRIC_ITEMS)
+    facts += [toyroles.Fact("present", tw.Mention(m.shape, m.colour)) for m in mentions if m.colour]
+    # the attribute items the Generator writes for any of the scene's objects, and an absent item
+    # for every pair of a shape and a colour the scene has on different objects
+    facts += [
+        toyroles.Fact("attribute", toyroles.referent_for(scene, k, a), a, getattr(obj, a))
+        for k, obj in enumerate(scene.objects)
+        for a in tw.ATTRIBUTES
+    ]
+    pairs = {(o.shape, o.colour) for o in scene.objects}
+    facts += [
+        toyroles.Fact("absent", tw.Mention(a.shape, b.colour))
+        for a in scene.objects
+        for b in scene.objects
+        if (a.shape, b.colour) not in pairs
+    ]
+    return list(dict.fromkeys(facts))
+
+
+def _truth_record(scene, k, caption, mentions, background, rng):
+    """A rubric criterion stated about a caption ("Check: mentions a red circle"), answered
+    "yes" or "no" from the caption alone: the per-item Judge's question without its role
+    prompt. The criterion is one of `truth_facts`; the caption is one side, drawn at random, of
+    the minimal pair `toypairs.pair_content` makes for it (mostly a binding swap: the same words,
+    an attribute moved to another object), rewritten by the world's caption writer, so within
+    each item kind about half the answers are "yes" and only the words the item asks about
+    decide. The record's `kind` is the item kind (present / absent / attribute / background)."""
+    from mocojax.data import toypairs, toyroles
+
+    by_kind = collections.defaultdict(list)
+    for fact in truth_facts(scene, caption, mentions):
+        by_kind[fact.kind].append(fact)
+    kind = sorted(by_kind)[int(rng.integers(len(by_kind)))]  # every kind about equally often
+    fact = by_kind[kind][int(rng.integers(len(by_kind[kind])))]
+    pair = toypairs.pair_content(fact, mentions, background, rng)
+    if pair is not None:
+        chosen_mentions, chosen_background = pair[int(rng.integers(2))]
+        caption = tw.write_caption(chosen_mentions, chosen_background, rng)
+    decision = toyroles.judge_fact(fact, *tw.parse_caption(caption))
+    criterion = toyroles.item_of(fact).criterion
+    record = _record(
+        scene,
+        "truth",
+        k,
+        f"Caption: {caption}\n{TRUTH_PROMPT} {criterion}",
+        "yes" if decision.value else "no",
+        caption,
+    )
+    return dict(record, kind=fact.kind)
 
 
 def _check_record(scene, k, caption, mentions, rng):

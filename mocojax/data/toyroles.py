@@ -56,7 +56,7 @@ SPECIAL_TOKENS = (
 UNK_TOKEN = "<unk>"
 
 
-def _referent_for(scene, k, attribute):
+def referent_for(scene, k, attribute):
     """Returns the shortest description of object k that does not use `attribute`."""
     obj = scene.objects[k]
     if sum(o.shape == obj.shape for o in scene.objects) == 1:
@@ -85,7 +85,7 @@ def rubric_facts(scene, candidate_captions, max_items=8, min_items=3):
                 continue
             mention = mentions[assignment.index(k)]
             facts += [
-                Fact("attribute", _referent_for(scene, k, a), a, getattr(obj, a))
+                Fact("attribute", referent_for(scene, k, a), a, getattr(obj, a))
                 for a in tw.ATTRIBUTES
                 if getattr(mention, a) != getattr(obj, a)
             ]
@@ -290,6 +290,15 @@ def image_records(seed, num_scenes, start=0):
 # One pre-token per word with its leading space, so decoding by plain concatenation (Fuse)
 # gives back the exact text.
 _PRETOKEN_PATTERN = r"\n| ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]|\s"
+# Pair tokens (`build_tokenizer(..., pair_tokens=True)`, config `data.pair_tokens`): one token
+# per " <colour> <shape>", appended after the word tokens (the word ids do not move), and matched
+# before them. Measured (docs/results.md, "Binding"): with them, whether a caption names a red
+# circle is a lookup of one token, learned in ~750 steps (0.87 on the Policy's captions); with
+# words alone the model reads "red" and "circle" apart and binds them to objects only slowly.
+PAIR_TOKENS = tuple(f" {colour} {shape}" for colour in tw.COLOURS for shape in tw.SHAPES)
+_PAIR_PATTERN = (
+    rf" (?:{'|'.join(tw.COLOURS)}) (?:{'|'.join(tw.SHAPES)})(?![A-Za-z])|{_PRETOKEN_PATTERN}"
+)
 
 
 def _vocabulary_corpus():
@@ -324,8 +333,9 @@ def _vocabulary_corpus():
     return texts + toybase.vocabulary_texts()
 
 
-def build_vocabulary():
-    """Returns the token list: specials, <unk>, then every corpus piece with/without space and case."""
+def build_vocabulary(pair_tokens=False):
+    """Returns the token list: specials, <unk>, then every corpus piece with/without space and
+    case, then (pair_tokens) the PAIR_TOKENS."""
     words = set()
     for text in _vocabulary_corpus():
         words.update(re.findall(r"[A-Za-z]+|[0-9]|[^\sA-Za-z0-9]", text))
@@ -333,22 +343,25 @@ def build_vocabulary():
     for word in words:
         for variant in {word, word.lower(), word.capitalize()}:
             pieces.update({variant, " " + variant})
-    return list(SPECIAL_TOKENS) + [UNK_TOKEN, "\n", " "] + sorted(pieces - {" ", "\n"})
+    vocab = list(SPECIAL_TOKENS) + [UNK_TOKEN, "\n", " "] + sorted(pieces - {" ", "\n"})
+    return vocab + list(PAIR_TOKENS) if pair_tokens else vocab
 
 
-def build_tokenizer(out_dir):
+def build_tokenizer(out_dir, pair_tokens=False):
     """Writes tokenizer.json + tokenizer_config.json to out_dir; returns out_dir.
 
     A word-level tokenizer with Qwen's special tokens, loadable with
     `transformers.AutoTokenizer.from_pretrained(out_dir)` and `processing.load_tokenizer`.
+    pair_tokens: one more token per " <colour> <shape>" (PAIR_TOKENS), the same ids otherwise.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = build_vocabulary()
+    vocab = build_vocabulary(pair_tokens)
     tokenizer = Tokenizer(
         models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token=UNK_TOKEN)
     )
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(_PRETOKEN_PATTERN), "isolated")
+    pattern = _PAIR_PATTERN if pair_tokens else _PRETOKEN_PATTERN
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), "isolated")
     tokenizer.decoder = decoders.Fuse()
     tokenizer.add_special_tokens(list(SPECIAL_TOKENS) + [UNK_TOKEN])
     os.makedirs(out_dir, exist_ok=True)

@@ -12,9 +12,10 @@ import numpy as np
 from mocojax.data import toybase
 from mocojax.eval import toyworld_eval
 
-# The base's own mix, plus one multi-item names question and one binding names question per
-# scene (last in the task order, so the other tasks' held-out records are the same without them).
-EVAL_TASK_MIX = dict(toybase.DEFAULT_TASK_MIX, check=1, bind=1)
+# The base's own mix, plus one multi-item names question, one binding names question and one
+# rubric-criterion question per scene (last in the task order, so the other tasks' held-out
+# records are the same without them).
+EVAL_TASK_MIX = dict(toybase.DEFAULT_TASK_MIX, check=1, bind=1, truth=1)
 
 
 def evaluate(
@@ -59,6 +60,11 @@ def evaluate(
             result[f"base/{task}_fixed_answer"] = float(
                 np.mean([toybase.score(r, fixed) for r, _ in pairs])
             )
+        if task == "truth":  # per item kind: labels are about half "yes" within each kind
+            for kind in sorted({r["kind"] for r, _ in pairs}):
+                result[f"base/truth_{kind}"] = float(
+                    np.mean([toybase.score(r, o) for r, o in pairs if r["kind"] == kind])
+                )
         examples[task] = [
             {"prompt": r["prompt"], "target": r["target"], "output": o} for r, o in pairs[:2]
         ]
