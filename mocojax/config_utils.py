@@ -409,10 +409,10 @@ def build_setup(config, workdir):
     )
     if config.model.init_from:
         cfg = model.ModelConfig.from_pretrained(config.model.init_from, **dtypes)
-        if len(tokenizer) > cfg.vocab_size:
+        if len(tokenizer) > cfg.text.vocab_size:
             raise ValueError(
                 f"the tokenizer {tokenizer_path} has {len(tokenizer)} tokens but the model "
-                f"{config.model.init_from} has {cfg.vocab_size} embedding rows"
+                f"{config.model.init_from} has {cfg.text.vocab_size} embedding rows"
                 + (" (data.pair_tokens adds 30 tokens to the toy tokenizer)" if pair_tokens else "")
             )
 

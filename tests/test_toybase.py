@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from mocojax import roles
+from configs import toyworld as toyworld_config
+from mocojax import config_utils, main, processing, roles
 from mocojax.data import toybase, toyroles, toyworld as tw
 from mocojax.data.toyworld import Mention, Obj, Scene
 from mocojax.train import rl_evals
@@ -199,6 +200,87 @@ def test_bind_task_asks_crossed_pairs():
     plain = toybase.base_records(5, 20)
     mixed = toybase.base_records(5, 20, task_mix=dict(toybase.DEFAULT_TASK_MIX, bind=1))
     assert [r for r in mixed if r["task"] != "bind"] == plain
+
+
+def test_truth_task_states_rubric_criteria_about_half_true_per_kind():
+    """Rubric-criterion questions: the criterion is one the Generator writes (it parses back to
+    a fact), the answer is the exact Judge's on the question's caption, every item kind is
+    asked with about half "yes", most presence "no" answers name both words of the pair on
+    different objects (a binding swap), and adding the task leaves the other tasks' records."""
+    records = toybase.base_records(4, 600, task_mix={"truth": 1})
+    by_kind, crossed = collections.defaultdict(list), 0
+    for record in records:
+        head, question = record["prompt"].split("\n")
+        assert head == f"Caption: {record['caption']}"
+        criterion = question.removeprefix(f"{toybase.TRUTH_PROMPT} ")
+        fact = toyroles.parse_criterion(criterion)
+        assert fact is not None and fact.kind == record["kind"]
+        assert toyroles.item_of(fact).criterion == criterion
+        mentions, background = tw.parse_caption(record["caption"])
+        decision = toyroles.judge_fact(fact, mentions, background)
+        assert record["target"] == ("yes" if decision.value else "no")
+        by_kind[fact.kind].append(record["target"])
+        if fact.kind == "present" and not decision.value:
+            ref = fact.referent
+            crossed += any(m.colour == ref.colour for m in mentions) and any(
+                m.shape == ref.shape for m in mentions
+            )
+    assert set(by_kind) == {"present", "absent", "attribute", "background"}
+    for kind, answers in by_kind.items():
+        assert len(answers) > 60, kind
+        assert 0.35 <= answers.count("yes") / len(answers) <= 0.65, kind
+    assert crossed / by_kind["present"].count("no") > 0.5
+    plain = toybase.base_records(4, 20)
+    mixed = toybase.base_records(4, 20, task_mix=dict(toybase.DEFAULT_TASK_MIX, truth=1))
+    assert [r for r in mixed if r["task"] != "truth"] == plain
+
+
+def test_pair_tokens_add_one_token_per_colour_shape_and_move_no_word(tmp_path):
+    """The pair-token tokenizer keeps every word's id, appends one token per " <colour>
+    <shape>", reads a named pair as that token (not a plural, not across a line), and still
+    decodes every record's text back exactly, without <unk>."""
+    plain = processing.load_tokenizer(toyroles.build_tokenizer(str(tmp_path / "plain")))
+    pairs = processing.load_tokenizer(
+        toyroles.build_tokenizer(str(tmp_path / "pairs"), pair_tokens=True)
+    )
+    plain_vocab, pair_vocab = plain.get_vocab(), pairs.get_vocab()
+    assert len(pairs) == len(plain) + len(tw.COLOURS) * len(tw.SHAPES)
+    assert all(pair_vocab[token] == i for token, i in plain_vocab.items())
+    assert sorted(pair_vocab[t] for t in toyroles.PAIR_TOKENS) == list(
+        range(len(plain), len(pairs))
+    )
+    text = "A red circle and a big blue star.\nred square, green\ncircle"
+    pieces = [pairs.decode([i]) for i in pairs.encode(text)]
+    assert pieces == [
+        "A", " red circle", " and", " a", " big", " blue star", ".", "\n",
+        "red", " square", ",", " green", "\n", "circle",
+    ]  # fmt: skip
+    assert pairs.decode(pairs.encode(" red circles")) == " red<unk>"  # no plural in the world
+    records = toybase.base_records(6, 40, task_mix={"truth": 1, "bind": 1, "caption": 1})
+    for record in records:
+        text = record["prompt"] + "\n" + record["target"]
+        ids = pairs.encode(text)
+        assert pairs.unk_token_id not in ids and pairs.decode(ids) == text
+        assert len(ids) < len(plain.encode(text)) or record["task"] == "truth"
+
+
+def test_pair_tokens_build_the_tokenizer_over_the_base_own(tmp_path):
+    """data.pair_tokens with model.init_from: the tokenizer is built into the workdir (the
+    shipped base's 704 embedding rows hold its 672 tokens); without it the base's own is used;
+    a source other than the toy world is refused."""
+    config = toyworld_config.get_config()
+    config.data.pair_tokens = True
+    setup = config_utils.build_setup(config, str(tmp_path))
+    assert setup.tokenizer_path == str(tmp_path / "tokenizer")
+    assert len(processing.load_tokenizer(setup.tokenizer_path)) == 672
+    config.data.pair_tokens = False
+    assert config_utils.build_setup(config, str(tmp_path)).tokenizer_path == config.model.init_from
+    config.data.pair_tokens = True
+    config.data.source = "jsonl"
+    config.data.train_path = str(tmp_path / "train.jsonl")
+    (tmp_path / "train.jsonl").write_text("")
+    with pytest.raises(ValueError, match="pair_tokens"):
+        config_utils.validate(config, main.STAGES)
 
 
 def test_toy_tokenizer_rebuilds_the_shipped_bases(tmp_path):
