@@ -90,6 +90,9 @@ def get_config(arg=""):
     # True: the toy tokenizer gets one token per " <colour> <shape>" (toyroles.PAIR_TOKENS) and is
     # built into <workdir>/tokenizer even over model.init_from's own (its embedding rows must fit)
     config.data.pair_tokens = False
+    # True: every rubric (Generator SFT targets, the exact Generator, eval records) starts with
+    # a "mentions only <the scene's objects>" item, so any invented object costs reward
+    config.data.only_item = False
     config.data.train_path = ""
     config.data.eval_path = ""
     config.data.image_root = ""

@@ -201,6 +201,8 @@ def validate(config, stages):
             "must be False, or True with data.judge_per_item=True on data.source='toyworld' "
             "(minimal pairs are built from the toy world's exact content)",
         )
+    if "only_item" in config.data:
+        _check(config, "data.only_item", lambda v: isinstance(v, bool), "must be True or False")
     if "pair_tokens" in config.data:
         _check(
             config,
@@ -455,8 +457,9 @@ def sft_examples(config, processor=None):
         )
     if data.source == "toyworld":
         drop = data.get("policy_drop", 0.0)
+        only = data.get("only_item", False)
         train = toyroles.sft_records(
-            data.seed, data.num_train_scenes, tuple(data.mix), policy_drop=drop
+            data.seed, data.num_train_scenes, tuple(data.mix), policy_drop=drop, only_item=only
         )
         held_out = toyroles.sft_records(
             data.seed,
@@ -464,6 +467,7 @@ def sft_examples(config, processor=None):
             tuple(data.mix),
             start=data.num_train_scenes,
             policy_drop=drop,
+            only_item=only,
         )
     else:
         train, held_out = (

@@ -117,6 +117,63 @@ def test_criteria_round_trip():
         assert toyroles.parse_criterion(criterion) is None
 
 
+def test_only_item_by_hand():
+    """The "mentions only ..." item: it reads back, a caption naming only the scene's objects
+    (with or without their colour, any size or place) meets it, one invented or recoloured
+    object fails it; malformed listings are not read."""
+    fact = toyroles.Fact("only", allowed=(Mention("circle", "red"), Mention("square", "blue")))
+    item = toyroles.item_of(fact)
+    assert item == roles.RubricItem(
+        "mentions only a red circle and a blue square", "nothing else", 3.0
+    )
+    assert toyroles.parse_criterion(item.criterion) == fact
+    for caption, value in [
+        ("A red circle and a blue square.", 1),
+        ("A big red circle at the top left.", 1),
+        ("A circle and a square on a white background.", 1),
+        ("A red circle, a blue square and a green star.", 0),
+        ("A blue circle.", 0),
+    ]:
+        assert toyroles.judge_fact(fact, *tw.parse_caption(caption)).value == value, caption
+    for criterion in [
+        "mentions only",
+        "mentions only a circle",
+        "mentions only a red circle on a white background",
+    ]:
+        assert toyroles.parse_criterion(criterion) is None
+
+
+def test_only_item_charges_an_invention_no_shown_candidate_made():
+    """With only_item the exact Generator's rubric starts with the scene's object list, true of
+    the scene; a caption that adds an invented object to a complete one then loses that item's
+    weight (3 of the rubric's total), where without it the rubric cannot see the invention."""
+    shown = ["A large red circle at the top left on a white background."]  # misses the square
+    complete = "A large red circle at the top left and a small blue square in the centre, on a white background."
+    invented = complete.replace(" on a white", " a big green star at the bottom, on a white")
+    assert len(tw.caption_metrics(SCENE, invented)["hallucinated"]) == 1
+    rewards = {}
+    for only in (False, True):
+        exact = toyroles.ExactRoles({SCENE.id: SCENE}, only_item=only)
+        rubric = exact.rubric(SCENE.id, shown)
+        weights = [item.weight for item in rubric]
+        assert (toyroles.parse_criterion(rubric[0].criterion).kind == "only") == only
+        rewards[only] = [
+            roles.rubric_reward(weights, exact.decisions(rubric, c)) for c in (complete, invented)
+        ]
+        assert (
+            toyroles.fact_is_true(SCENE, toyroles.parse_criterion(rubric[0].criterion)) or not only
+        )
+    assert rewards[False][0] == rewards[False][1] == 1.0
+    total = sum(
+        item.weight for item in toyroles.ExactRoles({SCENE.id: SCENE}, True).rubric(SCENE.id, shown)
+    )
+    assert rewards[True] == [1.0, pytest.approx(1.0 - 3.0 / total)]
+    records = toyroles.scene_sft_records(SCENE, 0, (0, 1, 1), only_item=True)
+    assert all(
+        r["target"].startswith("1 | 3 | mentions only") for r in records if r["role"] == "generator"
+    )
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_records_parse_back_and_are_true(seed):
     examples = toyroles.sft_records(seed, 80, mix=(2, 1, 2))

@@ -66,13 +66,17 @@ def referent_for(scene, k, attribute):
     return tw.Mention(obj.shape, colour=obj.colour)
 
 
-def rubric_facts(scene, candidate_captions, max_items=8, min_items=3):
+def rubric_facts(scene, candidate_captions, max_items=8, min_items=3, only_item=False):
     """Returns the Facts of the target rubric: what the candidates missed, got wrong or invented.
 
     Ordered by weight (RubiCap's severity scheme; items against invented objects first, so
     every invented object keeps its item under the cap), then by first occurrence. When the
     candidates leave fewer than `min_items` deficiencies, presence items for the scene's
     objects and the background fill the rubric so it still separates good captions from bad.
+    only_item: the rubric starts with one "mentions only <the scene's objects>" item, which any
+    invented object fails, whether or not a shown candidate invented it (without it an invented
+    object costs only when a shown candidate invented the same one: docs/results.md measured
+    hallucinations doubling under RL with exact roles).
     """
     pairs = {(o.shape, o.colour) for o in scene.objects}
     facts = []
@@ -102,6 +106,9 @@ def rubric_facts(scene, candidate_captions, max_items=8, min_items=3):
         facts += [f for f in fill + [Fact("background", value=scene.background)] if f not in facts]
     order = {kind: rank for rank, kind in enumerate(("absent", "present", "attribute"))}
     facts.sort(key=lambda f: order.get(f.kind, 3))
+    if only_item:
+        allowed = tuple(dict.fromkeys(tw.Mention(o.shape, o.colour) for o in scene.objects))
+        facts = ([Fact("only", allowed=allowed)] if allowed else []) + facts
     return facts[:max_items]
 
 
@@ -118,7 +125,9 @@ MAX_RUBRIC_ITEMS = 10
 GENERATOR_REFERENCES = 1
 
 
-def scene_sft_records(scene, seed, mix=(2, 1, 1), num_candidates=4, policy_drop=0.0):
+def scene_sft_records(
+    scene, seed, mix=(2, 1, 1), num_candidates=4, policy_drop=0.0, only_item=False
+):
     """Returns the SFT records of one scene: mix = (policy, generator, judge) record counts.
 
     Every record is a dict with id, role, scene_id and target text; Policy and Generator
@@ -130,6 +139,7 @@ def scene_sft_records(scene, seed, mix=(2, 1, 1), num_candidates=4, policy_drop=
     Judge targets are exactly right by construction (computed from the parsed caption).
     policy_drop > 0: Policy targets leave out each object with that probability
     (`toyworld.terse_caption`), as captions that skip details; the roles keep full references.
+    only_item: every rubric starts with a "mentions only ..." item (`rubric_facts`).
 
     Long because the three roles' records share per-scene state built in one pass: the references
     feed the Policy and Generator records, the first Generator rubric and its weak captions are what
@@ -156,7 +166,12 @@ def scene_sft_records(scene, seed, mix=(2, 1, 1), num_candidates=4, policy_drop=
         subset = tw.weak_captions(scene, seed, num_candidates, salt=g)
         items = [
             item_of(f)
-            for f in rubric_facts(scene, [c["caption"] for c in subset], max_items=MAX_RUBRIC_ITEMS)
+            for f in rubric_facts(
+                scene,
+                [c["caption"] for c in subset],
+                max_items=MAX_RUBRIC_ITEMS,
+                only_item=only_item,
+            )
         ]
         if rubric is None:  # Judge records use the first rubric.
             rubric, shown = items, subset
@@ -207,12 +222,14 @@ def scene_sft_records(scene, seed, mix=(2, 1, 1), num_candidates=4, policy_drop=
     return records
 
 
-def sft_records(seed, num_scenes, mix=(2, 1, 1), start=0, policy_drop=0.0):
+def sft_records(seed, num_scenes, mix=(2, 1, 1), start=0, policy_drop=0.0, only_item=False):
     """Returns the SFT records of scenes start..start+num_scenes-1, grouped by scene."""
     return [
         record
         for scene in tw.make_scenes(seed, num_scenes, start)
-        for record in scene_sft_records(scene, seed, mix, policy_drop=policy_drop)
+        for record in scene_sft_records(
+            scene, seed, mix, policy_drop=policy_drop, only_item=only_item
+        )
     ]
 
 
@@ -257,13 +274,17 @@ class ExactRoles:
     is the ceiling of the method on the toy world: RL with roles that make no mistakes.
     """
 
-    def __init__(self, scenes):
+    def __init__(self, scenes, only_item=False):
         self.scenes = scenes  # {image id: Scene}
+        self.only_item = only_item  # rubrics start with a "mentions only ..." item
 
     def rubric(self, image_id, shown_captions):
         """Returns the list[RubricItem] for the shown captions of one image."""
         facts = rubric_facts(
-            self.scenes[image_id], list(shown_captions), max_items=MAX_RUBRIC_ITEMS
+            self.scenes[image_id],
+            list(shown_captions),
+            max_items=MAX_RUBRIC_ITEMS,
+            only_item=self.only_item,
         )
         return [item_of(f) for f in facts]
 

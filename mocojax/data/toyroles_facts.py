@@ -9,7 +9,8 @@ import re
 from mocojax import roles
 from mocojax.data import toyworld as tw
 
-WEIGHTS = {"present": 3.0, "absent": 3.0, "attribute": 2.0, "background": 1.0}
+WEIGHTS = {"present": 3.0, "absent": 3.0, "attribute": 2.0, "background": 1.0, "only": 3.0}
+ONLY_PREFIX = "mentions only"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,13 +18,15 @@ class Fact:
     """The meaning of one rubric criterion in this world.
 
     kind: present / absent (object = shape + colour, colour may be None for absent),
-    attribute (referent mention, attribute name, value) or background (value).
+    attribute (referent mention, attribute name, value), background (value) or only
+    (`allowed`: the scene's objects as Mention(shape, colour); the caption names nothing else).
     """
 
     kind: str
     referent: tw.Mention | None = None
     attribute: str | None = None
     value: str | None = None
+    allowed: tuple = ()
 
 
 def _referent_phrase(referent):
@@ -47,6 +50,10 @@ def item_of(fact):
         return roles.RubricItem(
             f"the background is {fact.value}", fact.value, WEIGHTS["background"]
         )
+    if fact.kind == "only":
+        nouns = [f"a {_referent_phrase(m)}" for m in fact.allowed]
+        listing = nouns[0] if len(nouns) == 1 else ", ".join(nouns[:-1]) + " and " + nouns[-1]
+        return roles.RubricItem(f"{ONLY_PREFIX} {listing}", "nothing else", WEIGHTS["only"])
     value = _value_phrase(fact.attribute, fact.value)
     return roles.RubricItem(
         f"the {_referent_phrase(fact.referent)} is {value}", value, WEIGHTS["attribute"]
@@ -56,6 +63,12 @@ def item_of(fact):
 def parse_criterion(criterion):
     """Returns the Fact a criterion states in this world's language, or None if it states none."""
     text = " ".join(criterion.lower().split())
+    if text.startswith(ONLY_PREFIX):
+        mentions, background = tw.parse_caption(text[len(ONLY_PREFIX) :])
+        allowed = tuple(tw.Mention(m.shape, m.colour) for m in mentions)
+        if not allowed or background or any(m.colour is None for m in allowed):
+            return None
+        return Fact("only", allowed=allowed)
     for prefix, kind in (("does not mention", "absent"), ("mentions", "present")):
         if text.startswith(prefix):
             mentions, _ = tw.parse_caption(text[len(prefix) :])
@@ -99,6 +112,15 @@ def judge_fact(fact, mentions, background):
     if fact.kind == "absent":
         named = any(_matches(m, fact.referent) for m in mentions)
         return roles.Decision(int(not named), "it is mentioned" if named else "it is not mentioned")
+    if fact.kind == "only":
+        invented = [
+            m
+            for m in mentions
+            if not any(m.shape == a.shape and m.colour in (None, a.colour) for a in fact.allowed)
+        ]
+        if invented:
+            return roles.Decision(0, f"it names a {_referent_phrase(invented[0])}")
+        return roles.Decision(1, "it names nothing else")
     if fact.kind == "background":
         if background is None:
             return roles.Decision(0, "the background is not given")

@@ -64,6 +64,7 @@ def held_out_kwargs(config):
     )
     if config.data.get("tasks", "roles") == "roles":  # the Judge is asked as it was trained
         kwargs["judge_per_item"] = config.data.get("judge_per_item", False)
+        kwargs["only_item"] = config.data.get("only_item", False)
     return kwargs
 
 
@@ -79,11 +80,14 @@ def evaluate(
     max_new_tokens,
     image_size=128,
     judge_per_item=False,
+    only_item=False,
 ):
     """Returns toy-world quality metrics of params on scenes start..start+num_scenes-1 (seed `seed`).
 
     judge_per_item: the Judge is asked once per rubric item (`records.judge_items`), as a
     `data.judge_per_item` run trains it; its accuracies are then per item, not per record.
+    only_item: the held-out rubrics start with a "mentions only ..." item, as a
+    `data.only_item` run trains the Generator to write.
 
     Long because it is one pass from generation to the metrics dict: each role's outputs are
     generated once, then Policy captions (with the image-blind baseline), Generator rubrics (with
@@ -98,7 +102,11 @@ def evaluate(
     always-"1" numbers.
     """
     scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}
-    examples = [r for s in scenes.values() for r in toyroles.scene_sft_records(s, seed, EVAL_MIX)]
+    examples = [
+        r
+        for s in scenes.values()
+        for r in toyroles.scene_sft_records(s, seed, EVAL_MIX, only_item=only_item)
+    ]
     if judge_per_item:
         examples = records_lib.judge_items(examples)
     by_role = {role: [e for e in examples if e["role"] == role] for role in records_lib.ROLES}
@@ -275,15 +283,16 @@ def judge_gate(
     batch_size,
     max_new_tokens,
     judge_per_item=False,
+    only_item=False,
 ):
     """Returns the Judge's {"balanced_accuracy_within_kind", "balanced_accuracy", "accuracy",
     "accuracy_always_1", "num_items"}
     on held-out RL-like captions (the Judge records of scenes start..start+num_scenes-1),
-    asked once per item when judge_per_item."""
+    asked once per item when judge_per_item (only_item: rubrics start with "mentions only ...")."""
     examples = [
         r
         for s in tw.make_scenes(seed, num_scenes, start)
-        for r in toyroles.scene_sft_records(s, seed, (0, 0, 2))
+        for r in toyroles.scene_sft_records(s, seed, (0, 0, 2), only_item=only_item)
     ]
     if judge_per_item:
         examples = records_lib.judge_items(examples)

@@ -242,7 +242,9 @@ def exact_roles(config, scenes):
     exact = [role for role in ("generator", "judge") if config.rl[role] == "exact"]
     if exact and config.data.source != "toyworld":
         raise ValueError(f"config.rl.{exact[0]}='exact': exact roles exist for the toy world only")
-    return toyroles.ExactRoles(scenes) if exact else None
+    if not exact:
+        return None
+    return toyroles.ExactRoles(scenes, only_item=config.data.get("only_item", False))
 
 
 def rl_state(config, workdir, setup, cfg, mesh, optimizer, role_momentum, manager):

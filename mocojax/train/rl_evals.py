@@ -81,6 +81,7 @@ def judge_gate(config, processor, judge_params, cfg):
         batch_size=config.eval.batch_size,
         max_new_tokens=rl.judge_max_new_tokens,
         judge_per_item=config.data.get("judge_per_item", False),
+        only_item=config.data.get("only_item", False),
     )
     # Within each item kind: a Judge that only learned each kind's usual answer scores 0.5.
     score = gate["balanced_accuracy_within_kind"]
