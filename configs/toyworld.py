@@ -81,6 +81,9 @@ def get_config(arg=""):
     # True (needs judge_per_item): each per-item Judge example becomes a minimal pair, the same
     # item on two captions that differ only where the item looks (data/toypairs.py).
     config.data.judge_pairs = False
+    # the per-item Judge's question: "rubric" (the role prompt, roles.judge_item_messages) or
+    # "check" ("Caption: ...\nCheck: <criterion>" -> yes / no: the toy base's `truth` task form)
+    config.data.judge_item_form = "rubric"
     config.data.image_size = IMAGE_SIZE
     # Fixed 96x96 images (the default min_pixels would upscale them to 256x256 = 64 tokens).
     config.data.min_pixels = IMAGE_SIZE * IMAGE_SIZE

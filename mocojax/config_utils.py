@@ -201,6 +201,14 @@ def validate(config, stages):
             "must be False, or True with data.judge_per_item=True on data.source='toyworld' "
             "(minimal pairs are built from the toy world's exact content)",
         )
+    if "judge_item_form" in config.data:
+        _check(
+            config,
+            "data.judge_item_form",
+            lambda v: v == "rubric" or (v == "check" and config.data.get("judge_per_item")),
+            "must be 'rubric', or 'check' with data.judge_per_item=True (the per-item Judge "
+            "asked 'Check: <criterion>' and answering yes / no)",
+        )
     if "only_item" in config.data:
         _check(config, "data.only_item", lambda v: isinstance(v, bool), "must be True or False")
     if "pair_tokens" in config.data:
@@ -482,6 +490,8 @@ def sft_examples(config, processor=None):
         elif data.source == "toyworld":  # no item kind may be answered by its usual label
             train = toyroles.balance_judge_items(train, data.seed)
             held_out = toyroles.balance_judge_items(held_out, data.seed)
+        if records_lib.judge_item_form(data) == "check":
+            train, held_out = records_lib.check_form(train), records_lib.check_form(held_out)
     return train, held_out
 
 

@@ -130,6 +130,55 @@ def judge_item_messages(item, caption):
     return [_text_message("user", text)]
 
 
+# The per-item Judge's `check` form (config `data.judge_item_form="check"`): the caption, then
+# "Check: <criterion>", answered "yes" or "no" -- the question form of the toy base's `truth`
+# task (mocojax/data/toybase.py), so the Judge role starts from a skill its base was taught.
+JUDGE_CHECK_PROMPT = "Check:"
+JUDGE_ITEM_FORMS = ("rubric", "check")
+
+
+def check_question(caption, criterion):
+    """Returns the `check` question: ``Caption: <caption>`` then ``Check: <criterion>``."""
+    return f"Caption: {caption}\n{JUDGE_CHECK_PROMPT} {criterion}"
+
+
+def judge_check_messages(item, caption):
+    """Returns a one-item Judge conversation in the `check` form (`check_question`); the reply
+    is ``yes`` or ``no`` (`parse_item_reply`)."""
+    return [_text_message("user", check_question(caption, item.criterion))]
+
+
+def judge_item_prompt(item, caption, form="rubric"):
+    """Returns the per-item Judge conversation in `form` ("rubric": `judge_item_messages`,
+    "check": `judge_check_messages`)."""
+    if form not in JUDGE_ITEM_FORMS:
+        raise ValueError(f"unknown per-item Judge form {form!r}; known: {JUDGE_ITEM_FORMS}")
+    return (
+        judge_check_messages(item, caption)
+        if form == "check"
+        else judge_item_messages(item, caption)
+    )
+
+
+def format_check(decision):
+    """Returns the `check` form's reply to one item: "yes" when met, else "no"."""
+    return "yes" if decision.value else "no"
+
+
+def parse_item_reply(text, form="rubric"):
+    """Returns ([Decision], problems) read from a per-item Judge reply in `form`, as
+    `parse_decisions(text, 1)` does for the rubric form; a `check` reply whose first word is
+    neither yes nor no (nor 1/0, true/false ...) counts as 0 and is reported."""
+    if form != "check":
+        return parse_decisions(text, 1)
+    if not isinstance(text, str):
+        return [Decision(0, "")], [f"decisions are not text: {type(text).__name__}"]
+    value = _parse_value(text)
+    if value is None:
+        return [Decision(0, "")], [f"unreadable check reply {text[:40]!r}, counted as 0"]
+    return [Decision(value, "")], []
+
+
 def _format_weight(weight):
     return str(int(weight)) if float(weight).is_integer() else f"{weight:g}"
 

@@ -400,6 +400,31 @@ def judge_items(examples):
     return out
 
 
+def judge_item_form(data):
+    """Returns how a data config asks the Judge: False (one call per caption, the whole rubric)
+    or the per-item form, "rubric" or "check" (data.judge_per_item, data.judge_item_form)."""
+    if not data.get("judge_per_item", False):
+        return False
+    return data.get("judge_item_form", "rubric")
+
+
+def check_form(examples):
+    """Returns the examples with each per-item Judge example (`judge_items`) in the `check`
+    form (config `data.judge_item_form="check"`, `roles.judge_check_messages`): the same item
+    and caption, the target "yes" / "no" for the decision its rubric-line target holds, and
+    "item_form": "check". Other examples pass through unchanged."""
+    out = []
+    for example in examples:
+        if example["role"] != "judge" or "item" not in example or "target" not in example:
+            out.append(dict(example, item_form="check") if "item" in example else example)
+            continue
+        (decision,), problems = roles.parse_decisions(example["target"], 1)
+        if problems:
+            raise ValueError(f"Judge example {example['id']}: {'; '.join(problems)}")
+        out.append(dict(example, item_form="check", target=roles.format_check(decision)))
+    return out
+
+
 def check_lengths(examples, processor, buckets, strict=False, name="examples"):
     """Returns (the role examples that fit, LoadReport): a row longer than the largest length
     bucket is refused at load, naming its record, instead of at the step that draws it.
@@ -467,7 +492,11 @@ def conversation(example, image):
     elif role == "generator":
         messages = roles.generator_messages(image, example["references"], example["candidates"])
     elif role == "judge" and "item" in example:  # a per-item Judge example (judge_items)
-        messages = roles.judge_item_messages(roles.RubricItem(*example["item"]), example["caption"])
+        messages = roles.judge_item_prompt(
+            roles.RubricItem(*example["item"]),
+            example["caption"],
+            example.get("item_form", "rubric"),
+        )
     elif role == "judge":
         rubric = [roles.RubricItem(*item) for item in example["rubric"]]
         messages = roles.judge_messages(rubric, example["caption"])

@@ -33,6 +33,7 @@ import collections
 
 import numpy as np
 
+from mocojax import roles
 from mocojax.data import toyworld as tw
 
 IMAGE_TASKS = ("object", "grid", "cell", "find", "count", "caption")
@@ -61,7 +62,7 @@ COUNT_PROMPT = "How many objects are there?"
 CAPTION_PROMPT = "Write a caption."
 READ_PROMPT = "List the objects it names."
 CHECK_PROMPT = "Does it name each item? One line per item."
-TRUTH_PROMPT = "Check:"  # then a rubric criterion; words of the shipped tokenizer only
+TRUTH_PROMPT = roles.JUDGE_CHECK_PROMPT  # then a rubric criterion (shipped tokenizer words only)
 CHECK_ITEMS = (3, 6)  # items per check question, inclusive
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
@@ -318,7 +319,7 @@ def _truth_record(scene, k, caption, mentions, background, rng):
         scene,
         "truth",
         k,
-        f"Caption: {caption}\n{TRUTH_PROMPT} {criterion}",
+        roles.check_question(caption, criterion),
         "yes" if decision.value else "no",
         caption,
     )

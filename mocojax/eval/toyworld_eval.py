@@ -63,7 +63,7 @@ def held_out_kwargs(config):
         image_size=config.data.image_size,
     )
     if config.data.get("tasks", "roles") == "roles":  # the Judge is asked as it was trained
-        kwargs["judge_per_item"] = config.data.get("judge_per_item", False)
+        kwargs["judge_per_item"] = records_lib.judge_item_form(config.data)
         kwargs["only_item"] = config.data.get("only_item", False)
     return kwargs
 
@@ -109,6 +109,8 @@ def evaluate(
     ]
     if judge_per_item:
         examples = records_lib.judge_items(examples)
+        if judge_per_item == "check":
+            examples = records_lib.check_form(examples)
     by_role = {role: [e for e in examples if e["role"] == role] for role in records_lib.ROLES}
     outputs = {
         role: generate_texts(
@@ -149,6 +151,8 @@ def evaluate(
     on_policy = policy_judge_examples(by_role["generator"], by_role["policy"], outputs["policy"])
     if judge_per_item:
         on_policy = records_lib.judge_items(on_policy)
+        if judge_per_item == "check":
+            on_policy = records_lib.check_form(on_policy)
     on_policy_out = generate_texts(
         cfg, params, processor, on_policy, batch_size, max_new_tokens, image_size
     )
@@ -244,7 +248,10 @@ def _judge_scores(examples, outputs):
     accuracy, always_1, by_kind = [], [], {}
     for e, text in zip(examples, outputs):
         rubric = [roles.RubricItem(*item) for item in ([e["item"]] if "item" in e else e["rubric"])]
-        decisions, _ = roles.parse_decisions(text, len(rubric))
+        if "item" in e:
+            decisions, _ = roles.parse_item_reply(text, e.get("item_form", "rubric"))
+        else:
+            decisions, _ = roles.parse_decisions(text, len(rubric))
         accuracy.append(toyroles.judge_accuracy(rubric, e["caption"], decisions)[0])
         always_1.append(toyroles.judge_accuracy(rubric, e["caption"], [1] * len(rubric))[0])
         for kind, counts in toyroles.judge_confusion(
@@ -296,6 +303,8 @@ def judge_gate(
     ]
     if judge_per_item:
         examples = records_lib.judge_items(examples)
+        if judge_per_item == "check":
+            examples = records_lib.check_form(examples)
     outputs = generate_texts(
         cfg, params, processor, examples, batch_size, max_new_tokens, image_size=0
     )

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from mocojax import roles
+from mocojax.data import records as records_lib
 from mocojax.train import rl as rl_lib, rollout as rollout_lib
 
 UNPARSED_REWARD = -1.0
@@ -70,7 +71,7 @@ class AlternatingSource(rl_lib.RubricSource):
             )
         super().__init__(
             {r["id"]: r["scene"] for r in records if "scene" in r},
-            config.data.get("judge_per_item", False),
+            records_lib.judge_item_form(config.data),
         )
 
     @staticmethod

@@ -23,7 +23,7 @@ import jax
 import ml_collections
 
 from mocojax import roles
-from mocojax.data import toycommittee
+from mocojax.data import records as records_lib, toycommittee
 from mocojax.train import rl as rl_lib, rollout as rollout_lib
 
 MODES = ("offline", "committee")
@@ -60,7 +60,7 @@ class OfflineRubricSource(rl_lib.RubricSource):
                 "config.rl.rubrics='committee': the teacher committee is drawn from the toy "
                 "world; every RL record needs its scene (data.source='toyworld')"
             )
-        super().__init__(scenes, config.data.get("judge_per_item", False))
+        super().__init__(scenes, records_lib.judge_item_form(config.data))
         self.config = config
         self.mode = rl.rubrics
         # RubiCap writes no rubric with a model: only the Judge needs parameters.

@@ -40,7 +40,7 @@ from mocojax import (
     momentum,
     sharding,
 )
-from mocojax.data import pipeline, toyroles
+from mocojax.data import pipeline, records as records_lib, toyroles
 from mocojax.train import (
     rl_config,
     rl_evals,
@@ -145,6 +145,7 @@ class RubricSource:
     roles = ("generator", "judge")
 
     def __init__(self, scenes, judge_per_item=False):
+        # judge_per_item: False, or the per-item form ("rubric" / "check"; True means "rubric")
         self.scenes = scenes  # {image id: Scene} on the toy world, else empty
         # the Judge is asked once per rubric item, as config.data.judge_per_item trained it
         self.judge_per_item = judge_per_item
@@ -190,7 +191,7 @@ def reward_source(config, records, initial_policy=None):
         return offline_rubrics.OfflineRubricSource(config, records, initial_policy)
     return RubricSource(
         {r["id"]: r["scene"] for r in records if "scene" in r},
-        config.data.get("judge_per_item", False),
+        records_lib.judge_item_form(config.data),
     )
 
 

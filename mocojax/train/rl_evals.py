@@ -10,7 +10,7 @@ import logging
 
 import numpy as np
 
-from mocojax.data import toyroles, toyworld as tw
+from mocojax.data import records as records_lib, toyroles, toyworld as tw
 from mocojax.eval import toyworld_eval
 
 
@@ -80,7 +80,7 @@ def judge_gate(config, processor, judge_params, cfg):
         num_scenes=rl.judge_gate_scenes,
         batch_size=config.eval.batch_size,
         max_new_tokens=rl.judge_max_new_tokens,
-        judge_per_item=config.data.get("judge_per_item", False),
+        judge_per_item=records_lib.judge_item_form(config.data),
         only_item=config.data.get("only_item", False),
     )
     # Within each item kind: a Judge that only learned each kind's usual answer scores 0.5.

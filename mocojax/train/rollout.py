@@ -295,8 +295,9 @@ def judge_captions(cfg, params, processor, rubrics, captions, rl, rng, per_item=
 
     Only groups with a rubric are judged. The N prompts of a group share the instruction +
     rubric prefix, which is encoded once and its KV cache shared by the N captions.
-    per_item (config `data.judge_per_item`): the Judge is asked once per (caption, item)
-    (`roles.judge_item_messages`), all of a step's questions in one batch.
+    per_item (config `data.judge_per_item`): the Judge is asked once per (caption, item), all of
+    a step's questions in one batch, in the form per_item names ("check":
+    `roles.judge_check_messages`; True or "rubric": `roles.judge_item_messages`).
     """
     num_groups, n = len(captions), len(captions[0])
     decisions = [[[] for _ in range(n)] for _ in range(num_groups)]
@@ -305,17 +306,18 @@ def judge_captions(cfg, params, processor, rubrics, captions, rl, rng, per_item=
     if not judged:
         return decisions, problems
     if per_item:
+        form = per_item if isinstance(per_item, str) else "rubric"
         rows = [(g, i, item) for g in judged for i in range(n) for item in rubrics[g]]
         texts = judge_items_texts(
             cfg,
             params,
             processor,
-            [roles.judge_item_messages(item, captions[g][i]) for g, i, item in rows],
+            [roles.judge_item_prompt(item, captions[g][i], form) for g, i, item in rows],
             rl,
             rng,
         )
         for (g, i, _), text in zip(rows, texts):
-            values, found = roles.parse_decisions(text, 1)
+            values, found = roles.parse_item_reply(text, form)
             decisions[g][i].append(values[0].value)
             problems[g, i] += len(found)
         return decisions, problems
