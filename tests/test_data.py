@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mocojax import processing, roles
-from mocojax.data import pipeline, records, sources, toyroles
+from configs import toyworld as toyworld_config
+from mocojax import config_utils, main, processing, roles
+from mocojax.data import pipeline, records, sources, toybase, toyroles
 
 
 def _write_jsonl(path, rows):
@@ -289,6 +290,53 @@ def test_judge_items_split_each_rubric_into_one_example_per_item():
     assert records.judge_items(split) == split
     with pytest.raises(ValueError, match="s/judge0: missing decisions for items \\[2\\]"):
         records.judge_items([dict(judge, target="1 | 1 | it is named")])
+
+
+def test_check_form_asks_the_base_truth_question_and_answers_yes_or_no():
+    """data.judge_item_form="check": each per-item example keeps its item and caption, its
+    target becomes yes / no for the decision it held, and its conversation is exactly the toy
+    base's `truth` question for that caption and criterion; replies parse back, an unreadable
+    one counts 0 and is reported; the form needs the per-item Judge."""
+    judge = {
+        "id": "s/judge0",
+        "role": "judge",
+        "rubric": [
+            ["mentions a red circle", "named", 3.0],
+            ["the background is white", "white", 1.0],
+        ],
+        "caption": "a red circle on a black background",
+        "target": "1 | 1 | it is named\n2 | 0 | it is called black",
+    }
+    policy = {"id": "s/policy0", "role": "policy", "target": "a red circle"}
+    checked = records.check_form(records.judge_items([policy, judge]))
+    assert checked[0] is policy
+    assert [e["target"] for e in checked[1:]] == ["yes", "no"]
+    assert [e["item"] for e in checked[1:]] == judge["rubric"]
+    messages = records.conversation(checked[2], None)
+    assert messages == [
+        {"role": "user", "content": [{"type": "text", "text": "Caption: a red circle on a black background\nCheck: the background is white"}]},
+        {"role": "assistant", "content": "no"},
+    ]  # fmt: skip
+    base = toybase.base_records(3, 5, task_mix={"truth": 1})[0]
+    caption, criterion = base["caption"], base["prompt"].split("\nCheck: ")[1]
+    item = roles.RubricItem(criterion, "named", 3.0)
+    assert (
+        roles.judge_item_prompt(item, caption, "check")[0]["content"][0]["text"] == base["prompt"]
+    )
+    assert roles.parse_item_reply(" Yes", "check") == ([roles.Decision(1, "")], [])
+    assert roles.parse_item_reply("no.", "check") == ([roles.Decision(0, "")], [])
+    decisions, problems = roles.parse_item_reply("1 | 1 | it is named", "check")
+    assert decisions == [roles.Decision(1, "")] and not problems  # first word "1"
+    decisions, problems = roles.parse_item_reply("perhaps", "check")
+    assert decisions == [roles.Decision(0, "")] and "unreadable" in problems[0]
+    with pytest.raises(ValueError, match="unknown per-item Judge form"):
+        roles.judge_item_prompt(item, caption, "lines")
+    assert records.judge_item_form({"judge_per_item": True, "judge_item_form": "check"}) == "check"
+    assert records.judge_item_form({"judge_per_item": False, "judge_item_form": "check"}) is False
+    config = toyworld_config.get_config()
+    config.data.judge_item_form = "check"
+    with pytest.raises(ValueError, match="judge_item_form"):
+        config_utils.validate(config, main.STAGES)
 
 
 def test_toy_judge_per_item_examples_keep_the_toy_labels():

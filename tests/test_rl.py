@@ -253,11 +253,14 @@ def test_exact_roles_by_hand():
     assert exact.decisions([rubric[0]._replace(criterion="is pretty")], invented) == [0]
 
 
-def test_per_item_judge_asks_one_item_per_row_in_rl(tmp_path, monkeypatch):
+@pytest.mark.parametrize("form", ["rubric", "check"])
+def test_per_item_judge_asks_one_item_per_row_in_rl(tmp_path, monkeypatch, form):
     """data.judge_per_item: the real Judge (random weights) is asked once per (caption, item),
-    every question in one batch; each caption gets one decision per rubric item."""
+    every question in one batch, in the data.judge_item_form's words; each caption gets one
+    decision per rubric item."""
     config = _toy_config()
     config.data.judge_per_item = True
+    config.data.judge_item_form = form
     config.rl.num_steps = 1
     write_rubrics, generate = rollout_lib.write_rubrics, rollout_lib._generate
     asked = []
@@ -280,9 +283,14 @@ def test_per_item_judge_asks_one_item_per_row_in_rl(tmp_path, monkeypatch):
     rows = config.rl.images_per_step * config.rl.num_samples * len(rl_patterns.RUBRIC)
     assert len(judge_rows) >= rows and len(judge_rows) & (len(judge_rows) - 1) == 0
     texts = [row[0]["content"][0]["text"] for row in judge_rows]
-    assert all(t.count("\n1 | ") == 1 and "\n2 | " not in t for t in texts)
-    assert texts[0].endswith("Rubric:\n1 | mentions a red circle | a red circle must be named")
-    assert texts[1].endswith("Rubric:\n1 | the background is white | it must be called white")
+    if form == "rubric":
+        assert all(t.count("\n1 | ") == 1 and "\n2 | " not in t for t in texts)
+        assert texts[0].endswith("Rubric:\n1 | mentions a red circle | a red circle must be named")
+        assert texts[1].endswith("Rubric:\n1 | the background is white | it must be called white")
+    else:  # the toy base's truth question, nothing of the rubric form
+        assert all(t.startswith("Caption: ") and "Rubric:" not in t for t in texts)
+        assert texts[0].endswith("\nCheck: mentions a red circle")
+        assert texts[1].endswith("\nCheck: the background is white")
     with open(tmp_path / "metrics.jsonl") as f:
         rows_logged = [row for row in map(json.loads, f) if row["stage"] == "rl"]
     gate = rows_logged[0]
