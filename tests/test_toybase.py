@@ -541,6 +541,9 @@ def test_within_kind_balanced_accuracy_by_hand():
         "unreadable": dict(zero, unreadable=3),
     }
     assert toyworld_eval.within_kind_balanced_accuracy(by_kind) == pytest.approx(0.5625)
+    assert toyworld_eval.worst_kind_balanced_accuracy(by_kind) == 0.5  # attribute
+    del by_kind["attribute"]
+    assert toyworld_eval.worst_kind_balanced_accuracy(by_kind) == pytest.approx(0.625)
     # A Judge that says "1" to absent items and "0" to attribute items: pooled it looks good,
     # within each kind it is chance.
     prior = {"absent": dict(zero, tp=8, fp=2), "attribute": dict(zero, tn=8, fn=2)}

@@ -271,12 +271,28 @@ def within_kind_balanced_accuracy(by_kind):
     it. Kinds whose items are all met or all unmet are left out (no rate to balance); 0.5 when
     no kind has both.
     """
-    scores = [
-        toyroles.balanced_accuracy(counts)
+    scores = _kind_balanced_accuracies(by_kind)
+    return float(np.mean(list(scores.values()))) if scores else 0.5
+
+
+def _kind_balanced_accuracies(by_kind):
+    return {
+        kind: toyroles.balanced_accuracy(counts)
         for kind, counts in sorted(by_kind.items())
         if kind != "unreadable" and counts["tp"] + counts["fn"] and counts["tn"] + counts["fp"]
-    ]
-    return float(np.mean(scores)) if scores else 0.5
+    }
+
+
+def worst_kind_balanced_accuracy(by_kind):
+    """Returns the lowest balanced accuracy of any item kind (rated as in
+    `within_kind_balanced_accuracy`; 0.5 when no kind has both labels).
+
+    RL finds the Judge's weakest kind: measured (docs/results.md, session 8) a Judge at 0.87
+    within kinds on average but 0.60 on attribute items said "yes" to 51% of the false
+    attribute items on the Policy's samples at the start of RL and 79% after 60 updates, as the
+    Policy learned to write captions that pass them; its F1 fell."""
+    scores = _kind_balanced_accuracies(by_kind)
+    return float(min(scores.values())) if scores else 0.5
 
 
 def judge_gate(
@@ -292,7 +308,8 @@ def judge_gate(
     judge_per_item=False,
     only_item=False,
 ):
-    """Returns the Judge's {"balanced_accuracy_within_kind", "balanced_accuracy", "accuracy",
+    """Returns the Judge's {"balanced_accuracy_within_kind", "balanced_accuracy_worst_kind",
+    "balanced_accuracy", "accuracy",
     "accuracy_always_1", "num_items"}
     on held-out RL-like captions (the Judge records of scenes start..start+num_scenes-1),
     asked once per item when judge_per_item (only_item: rubrics start with "mentions only ...")."""
@@ -312,6 +329,7 @@ def judge_gate(
     decided = sum(confusion[k] for k in ("tp", "fn", "tn", "fp"))
     return {
         "balanced_accuracy_within_kind": within_kind_balanced_accuracy(by_kind),
+        "balanced_accuracy_worst_kind": worst_kind_balanced_accuracy(by_kind),
         "balanced_accuracy": float(toyroles.balanced_accuracy(confusion)),
         "accuracy": (confusion["tp"] + confusion["tn"]) / max(decided, 1),
         "accuracy_always_1": float(np.mean(always_1)),

@@ -67,7 +67,8 @@ def held_out(config, processor, params, cfg):
 
 def judge_gate(config, processor, judge_params, cfg):
     """Scores the Judge that RL starts with on held-out RL-like toy captions; returns
-    {"gate/judge_balanced_accuracy_within_kind", ...}. Below config.rl.judge_gate it warns loudly, or
+    {"gate/judge_balanced_accuracy_worst_kind", ...}. Below config.rl.judge_gate (on the worst item
+    kind, which RL exploits) it warns loudly, or
     raises when config.rl.judge_gate_refuse is set: a Judge that cannot tell a caption that
     meets an item from one that does not gives rewards without signal about quality."""
     rl = config.rl
@@ -83,11 +84,13 @@ def judge_gate(config, processor, judge_params, cfg):
         judge_per_item=records_lib.judge_item_form(config.data),
         only_item=config.data.get("only_item", False),
     )
-    # Within each item kind: a Judge that only learned each kind's usual answer scores 0.5.
-    score = gate["balanced_accuracy_within_kind"]
+    # Within each item kind (a Judge that only learned each kind's usual answer scores 0.5), and
+    # the worst kind: RL finds the Judge's weakest kind and writes captions that pass it.
+    score = gate["balanced_accuracy_worst_kind"]
     message = (
-        f"the Judge's balanced accuracy within item kinds on held-out RL-like captions is "
-        f"{score:.3f} (pooled {gate['balanced_accuracy']:.3f}, accuracy {gate['accuracy']:.3f}; "
+        f"the Judge's balanced accuracy on its worst item kind on held-out RL-like captions is "
+        f"{score:.3f} (mean over kinds {gate['balanced_accuracy_within_kind']:.3f}, pooled "
+        f"{gate['balanced_accuracy']:.3f}, accuracy {gate['accuracy']:.3f}; "
         f"an always-1 Judge: accuracy {gate['accuracy_always_1']:.3f}, balanced 0.5), "
         f"threshold config.rl.judge_gate={rl.judge_gate}"
     )
