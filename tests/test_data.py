@@ -262,18 +262,22 @@ def test_role_grouped_batches(processor, examples):
         pipeline.role_batches(examples[:10], 100, seed=0)
 
 
+# A whole-rubric Judge example and a Policy example for the per-item split tests.
+JUDGE_EXAMPLE = {
+    "id": "s/judge0",
+    "role": "judge",
+    "rubric": [
+        ["mentions a red circle", "named", 3.0],
+        ["the background is white", "white", 1.0],
+    ],
+    "caption": "a red circle on a black background",
+    "target": "1 | 1 | it is named\n2 | 0 | it is called black",
+}
+POLICY_EXAMPLE = {"id": "s/policy0", "role": "policy", "target": "a red circle"}
+
+
 def test_judge_items_split_each_rubric_into_one_example_per_item():
-    judge = {
-        "id": "s/judge0",
-        "role": "judge",
-        "rubric": [
-            ["mentions a red circle", "named", 3.0],
-            ["the background is white", "white", 1.0],
-        ],
-        "caption": "a red circle on a black background",
-        "target": "1 | 1 | it is named\n2 | 0 | it is called black",
-    }
-    policy = {"id": "s/policy0", "role": "policy", "target": "a red circle"}
+    judge, policy = dict(JUDGE_EXAMPLE), dict(POLICY_EXAMPLE)
     split = records.judge_items([policy, judge])
     assert split[0] is policy
     assert [e["id"] for e in split[1:]] == ["s/judge0/item1", "s/judge0/item2"]
@@ -297,17 +301,7 @@ def test_check_form_asks_the_base_truth_question_and_answers_yes_or_no():
     target becomes yes / no for the decision it held, and its conversation is exactly the toy
     base's `truth` question for that caption and criterion; replies parse back, an unreadable
     one counts 0 and is reported; the form needs the per-item Judge."""
-    judge = {
-        "id": "s/judge0",
-        "role": "judge",
-        "rubric": [
-            ["mentions a red circle", "named", 3.0],
-            ["the background is white", "white", 1.0],
-        ],
-        "caption": "a red circle on a black background",
-        "target": "1 | 1 | it is named\n2 | 0 | it is called black",
-    }
-    policy = {"id": "s/policy0", "role": "policy", "target": "a red circle"}
+    judge, policy = dict(JUDGE_EXAMPLE), dict(POLICY_EXAMPLE)
     checked = records.check_form(records.judge_items([policy, judge]))
     assert checked[0] is policy
     assert [e["target"] for e in checked[1:]] == ["yes", "no"]
