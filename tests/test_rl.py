@@ -197,7 +197,7 @@ def test_judge_gate_refuses_rl_with_a_weak_judge(tmp_path, monkeypatch):
     monkeypatch.setattr(rl, "train_batch", lambda *args: updates.append(1))
     with pytest.raises(
         RuntimeError,
-        match=r"RL refused: the Judge's balanced accuracy within item kinds .* is 0\.\d+",
+        match=r"RL refused: the Judge's balanced accuracy on its worst item kind .* is 0\.\d+",
     ):
         rl.run_rl(config, str(tmp_path))
     assert updates == []
@@ -210,6 +210,11 @@ def test_judge_gate_refuses_rl_with_a_weak_judge(tmp_path, monkeypatch):
     with open(tmp_path / "warned" / "metrics.jsonl") as f:
         first = next(row for row in map(json.loads, f) if row["stage"] == "rl")
     assert first["step"] == 0 and 0.0 <= first["gate/judge_balanced_accuracy_within_kind"] < 0.99
+    assert (
+        0.0
+        <= first["gate/judge_balanced_accuracy_worst_kind"]
+        <= (first["gate/judge_balanced_accuracy_within_kind"])
+    )
     assert 0.0 <= first["gate/judge_balanced_accuracy"] <= 1.0
     assert first["gate/judge_num_items"] > 0
 

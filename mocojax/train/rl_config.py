@@ -90,8 +90,8 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.judge_temperature = 0.0
     rl.judge_max_new_tokens = 112  # toy decisions: at most 96 tokens
 
-    # Before the first update (toy world): the Judge's balanced accuracy within item kinds on
-    # held-out RL-like captions; below judge_gate RL warns loudly, or refuses when
+    # Before the first update (toy world): the Judge's balanced accuracy on its worst item kind
+    # on held-out RL-like captions; below judge_gate RL warns loudly, or refuses when
     # judge_gate_refuse is set.
     rl.judge_gate = 0.85
     rl.judge_gate_refuse = False
