@@ -22,6 +22,7 @@ from configs import toyworld as toyworld_config
 from mocojax import config_utils, roles
 from mocojax.data import toyroles, toyworld as tw
 from mocojax.eval import toyworld_eval
+from mocojax.train import rl_evals
 
 
 def scene_of(image_id):
@@ -64,20 +65,21 @@ def within_group_r(groups, meta, said, seed=0):
     sums = collections.defaultdict(lambda: np.zeros(4))  # model, exact, coin, weight
     for (g, c, weight, _, exact), s, flip in zip(meta, said, coin):
         sums[(g, c)] += weight * np.array([s, exact, flip, 1.0])
+    f1 = [
+        [tw.caption_metrics(scene_of(group["image_id"]), c)["f1"] for c in group["captions"]]
+        for group in groups
+    ]
     out = {}
     for col, name in enumerate(("model", "exact", "coin")):
-        corr, zero = [], []
-        for g, group in enumerate(groups):
-            scene = scene_of(group["image_id"])
-            f1 = [tw.caption_metrics(scene, c)["f1"] for c in group["captions"]]
-            reward = [
+        rewards = [
+            [
                 sums[(g, c)][col] / sums[(g, c)][3] if sums[(g, c)][3] else 0.0
                 for c in range(len(group["captions"]))
             ]
-            zero.append(float(np.std(reward) == 0))
-            if np.std(reward) > 0 and np.std(f1) > 0:
-                corr.append(np.corrcoef(reward, f1)[0, 1])
-        out[name] = (float(np.mean(corr)) if corr else 0.0, float(np.mean(zero)))
+            for g, group in enumerate(groups)
+        ]
+        zero = float(np.mean([np.std(r) == 0 for r in rewards]))
+        out[name] = (rl_evals.within_group_corr(rewards, f1) or 0.0, zero)
     return out
 
 
@@ -106,16 +108,14 @@ def main():
         f"said '1' {np.mean(said):.3f}; agreement "
         f"{np.mean([s == m[4] for s, m in zip(said, meta)]):.3f}"
     )
-    counts = collections.defaultdict(collections.Counter)
+    counts = collections.defaultdict(collections.Counter)  # kind -> tp / fn / tn / fp
     for (_, _, _, kind, exact), s in zip(meta, said):
-        counts[kind][(exact, s)] += 1
+        counts[kind][("t" if s == exact else "f") + ("p" if s else "n")] += 1
     for kind, c in sorted(counts.items()):
         n = sum(c.values())
-        tpr = c[(1, 1)] / max(1, c[(1, 1)] + c[(1, 0)])
-        tnr = c[(0, 0)] / max(1, c[(0, 0)] + c[(0, 1)])
         print(
-            f"  {kind:10s} n={n:5d} accuracy {(c[(1, 1)] + c[(0, 0)]) / n:.3f} "
-            f"balanced {(tpr + tnr) / 2:.3f} always-1 {(c[(1, 1)] + c[(1, 0)]) / n:.3f}"
+            f"  {kind:10s} n={n:5d} accuracy {(c['tp'] + c['tn']) / n:.3f} "
+            f"balanced {toyroles.balanced_accuracy(c):.3f} always-1 {(c['tp'] + c['fn']) / n:.3f}"
         )
     for name, (r, zero) in within_group_r(groups, meta, said).items():
         print(

@@ -107,10 +107,7 @@ def evaluate(
         for s in scenes.values()
         for r in toyroles.scene_sft_records(s, seed, EVAL_MIX, only_item=only_item)
     ]
-    if judge_per_item:
-        examples = records_lib.judge_items(examples)
-        if judge_per_item == "check":
-            examples = records_lib.check_form(examples)
+    examples = _asked_as(examples, judge_per_item)
     by_role = {role: [e for e in examples if e["role"] == role] for role in records_lib.ROLES}
     outputs = {
         role: generate_texts(
@@ -149,10 +146,7 @@ def evaluate(
     # The Judge on what RL shows it: the Policy's own captions (records like its training
     # records can score well while these do not; docs/results.md).
     on_policy = policy_judge_examples(by_role["generator"], by_role["policy"], outputs["policy"])
-    if judge_per_item:
-        on_policy = records_lib.judge_items(on_policy)
-        if judge_per_item == "check":
-            on_policy = records_lib.check_form(on_policy)
+    on_policy = _asked_as(on_policy, judge_per_item)
     on_policy_out = generate_texts(
         cfg, params, processor, on_policy, batch_size, max_new_tokens, image_size
     )
@@ -242,6 +236,15 @@ def policy_judge_examples(generator_examples, policy_examples, captions):
     return out
 
 
+def _asked_as(examples, judge_per_item):
+    """Returns the Judge examples as the Judge is asked: whole rubrics (judge_per_item False),
+    one per item (True / "rubric"), or one per item in the check form ("check")."""
+    if not judge_per_item:
+        return examples
+    examples = records_lib.judge_items(examples)
+    return records_lib.check_form(examples) if judge_per_item == "check" else examples
+
+
 def _judge_scores(examples, outputs):
     """Returns (pooled confusion counts, per-record accuracy, per-record always-"1" accuracy,
     confusion counts per item kind) of Judge outputs on Judge records, against the exact truth."""
@@ -318,10 +321,7 @@ def judge_gate(
         for s in tw.make_scenes(seed, num_scenes, start)
         for r in toyroles.scene_sft_records(s, seed, (0, 0, 2), only_item=only_item)
     ]
-    if judge_per_item:
-        examples = records_lib.judge_items(examples)
-        if judge_per_item == "check":
-            examples = records_lib.check_form(examples)
+    examples = _asked_as(examples, judge_per_item)
     outputs = generate_texts(
         cfg, params, processor, examples, batch_size, max_new_tokens, image_size=0
     )
