@@ -54,8 +54,8 @@ def test_rubicap_rubric_one_item_per_deficiency_with_severity_weights():
     items = tc.rubicap_rubric(COMMITTEE, student)
     assert [(i.criterion, i.weight) for i in items] == [
         ("does not mention a green star", 3.0),  # critical: invented object
-        ("the red circle is at the top left", 2.0),  # important: missing position
-        ("the red circle is large", 2.0),  # important: wrong size
+        ("mentions a red circle at the top left", 2.0),  # important: missing position
+        ("mentions a large red circle", 2.0),  # important: wrong size
         ("the background is white", 1.0),  # minor: wrong background
     ]
     # The same normalised weighted reward: a caption meeting the first two items only.

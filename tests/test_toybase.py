@@ -225,7 +225,7 @@ def test_truth_task_states_rubric_criteria_about_half_true_per_kind():
             crossed += any(m.colour == ref.colour for m in mentions) and any(
                 m.shape == ref.shape for m in mentions
             )
-    assert set(by_kind) == {"present", "absent", "attribute", "background"}
+    assert set(by_kind) == {"present", "absent", "attribute", "background", "only"}
     for kind, answers in by_kind.items():
         assert len(answers) > 60, kind
         assert 0.35 <= answers.count("yes") / len(answers) <= 0.65, kind

@@ -103,6 +103,8 @@ def test_criteria_round_trip():
         toyroles.Fact("attribute", Mention("circle", position="top left"), "colour", "red"),
         toyroles.Fact("attribute", Mention("square", "blue"), "position", "bottom"),
         toyroles.Fact("attribute", Mention("square"), "size", "small"),
+        toyroles.Fact("attribute", Mention("square", "blue"), "size", "small"),
+        toyroles.Fact("attribute", Mention("star", "red", position="left"), "size", "large"),
         toyroles.Fact("background", value="gray"),
     ]:
         assert toyroles.parse_criterion(toyroles.item_of(fact).criterion) == fact
@@ -115,6 +117,36 @@ def test_criteria_round_trip():
         "is",
     ]:
         assert toyroles.parse_criterion(criterion) is None
+
+
+def test_attribute_items_are_phrases_of_the_pair_by_hand():
+    """Attribute items name the object by its colour and shape and read as the phrase to look
+    for; a colour error is charged as the pair's presence; each is judged by hand on captions
+    that state the attribute, another value, the wrong colour or nothing."""
+    two_circles = Scene(
+        "two", "white", SCENE.objects + (Obj("circle", "green", "small", "bottom right"),)
+    )
+    size = toyroles.attribute_fact(SCENE, 0, "size")
+    where = toyroles.attribute_fact(SCENE, 0, "position")
+    assert toyroles.item_of(size) == roles.RubricItem("mentions a large red circle", "large", 2.0)
+    assert toyroles.item_of(where).criterion == "mentions a red circle at the top left"
+    assert toyroles.attribute_fact(SCENE, 0, "colour") == toyroles.Fact(
+        "present", Mention("circle", "red")
+    )
+    assert toyroles.attribute_fact(two_circles, 0, "colour") == where
+    for fact in (size, where):
+        assert toyroles.parse_criterion(toyroles.item_of(fact).criterion) == fact
+    for caption, (size_value, where_value) in [
+        ("A big red circle in the upper left corner.", (1, 1)),
+        ("A small red circle at the top left.", (0, 1)),
+        ("A large red circle at the bottom.", (1, 0)),
+        ("A large blue circle at the top left.", (0, 0)),
+        ("A red circle and a large square at the top left.", (0, 0)),
+        ("A blue square.", (0, 0)),
+    ]:
+        parsed = tw.parse_caption(caption)
+        assert toyroles.judge_fact(size, *parsed).value == size_value, caption
+        assert toyroles.judge_fact(where, *parsed).value == where_value, caption
 
 
 def test_only_item_by_hand():

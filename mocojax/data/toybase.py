@@ -271,8 +271,8 @@ def truth_facts(scene, caption, mentions):
     Generator would write for it (`toyroles.rubric_facts`: what it misses, gets wrong or
     invents, filled with the scene's objects and background), a presence item for every
     colour-shape pair it names, the attribute items of every object of the scene and an absent
-    item for each crossed pair of the scene (a colour and a shape on different objects), each
-    fact once."""
+    item for each crossed pair of the scene (a colour and a shape on different objects), and the
+    scene's `mentions only <its objects>` item, each fact once."""
     from mocojax.data import toyroles  # toyroles builds its vocabulary from this module
 
     facts = toyroles.rubric_facts(scene, [caption], max_items=toyroles.MAX_RUBRIC_ITEMS)
@@ -280,8 +280,8 @@ def truth_facts(scene, caption, mentions):
     # the attribute items the Generator writes for any of the scene's objects, and an absent item
     # for every pair of a shape and a colour the scene has on different objects
     facts += [
-        toyroles.Fact("attribute", toyroles.referent_for(scene, k, a), a, getattr(obj, a))
-        for k, obj in enumerate(scene.objects)
+        toyroles.attribute_fact(scene, k, a)
+        for k in range(len(scene.objects))
         for a in tw.ATTRIBUTES
     ]
     pairs = {(o.shape, o.colour) for o in scene.objects}
@@ -291,6 +291,7 @@ def truth_facts(scene, caption, mentions):
         for b in scene.objects
         if (a.shape, b.colour) not in pairs
     ]
+    facts += toyroles.rubric_facts(scene, [], max_items=1, min_items=0, only_item=True)
     return list(dict.fromkeys(facts))
 
 
@@ -301,7 +302,8 @@ def _truth_record(scene, k, caption, mentions, background, rng):
     the minimal pair `toypairs.pair_content` makes for it (mostly a binding swap: the same words,
     an attribute moved to another object), rewritten by the world's caption writer, so within
     each item kind about half the answers are "yes" and only the words the item asks about
-    decide. The record's `kind` is the item kind (present / absent / attribute / background)."""
+    decide. The record's `kind` is the item kind (present / absent / attribute / background /
+    only)."""
     from mocojax.data import toypairs, toyroles
 
     by_kind = collections.defaultdict(list)

@@ -109,6 +109,8 @@ def _binding_swap(fact, mentions, rng):
     `base` is the caption's content, with one distractor object added when the caption has no
     object to exchange with (never one the item is about, so the base keeps its label).
     """
+    if fact.kind == "only":
+        return _only_swap(fact, mentions, rng)
     if fact.kind not in ("present", "absent", "attribute"):
         return None
     named = _matching(mentions, fact.referent)
@@ -173,6 +175,29 @@ def _binding_swap(fact, mentions, rng):
     return mentions, _swap(mentions, int(rng.choice(named)), int(rng.choice(donors)), attribute)
 
 
+def _allowed(fact, mention):
+    return any(
+        mention.shape == a.shape and mention.colour in (None, a.colour) for a in fact.allowed
+    )
+
+
+def _only_swap(fact, mentions, rng):
+    """An `only` item's binding swap: two named objects' colours exchanged, so that a caption
+    naming only the allowed objects names a colour-shape pair the item does not allow."""
+    if not all(_allowed(fact, m) for m in mentions):
+        return None
+    options = [
+        (k, j)
+        for k in range(len(mentions))
+        for j in range(k + 1, len(mentions))
+        if not all(_allowed(fact, m) for m in _swap(mentions, k, j, "colour"))
+    ]
+    if not options:
+        return None
+    k, j = options[int(rng.integers(len(options)))]
+    return mentions, _swap(mentions, k, j, "colour")
+
+
 def pair_content(fact, mentions, background, rng):
     """Returns (base, flipped), each (mentions, background), whose exact labels for `fact`
     differ, or None. `base` is the caption's own content unless a swap needs a distractor.
@@ -186,7 +211,8 @@ def pair_content(fact, mentions, background, rng):
     Otherwise: present / absent: every mention of the referent removed, or one added at a random
     place; attribute: the value replaced by another in every matching mention, or set on the
     first match (a mention of the referent with the value is added when none is named);
-    background: changed to another colour, or set to the asked one.
+    background: changed to another colour, or set to the asked one; only: the objects it does
+    not allow removed, or one added (its swap: two allowed objects exchange colours).
     """
     mentions = list(mentions)
     if rng.random() < SWAP_SHARE:
@@ -210,6 +236,16 @@ def _flipped_content(fact, mentions, background, rng):
         if background == fact.value:
             return mentions, _other(tuple(tw.BACKGROUNDS), fact.value, rng)
         return mentions, fact.value
+    if fact.kind == "only":
+        if any(not _allowed(fact, m) for m in mentions):
+            return [m for m in mentions if _allowed(fact, m)], background
+        pairs = [(s, c) for s in tw.SHAPES for c in tw.COLOURS]
+        shape, colour = pairs[int(rng.integers(len(pairs)))]
+        while _allowed(fact, tw.Mention(shape, colour)):
+            shape, colour = pairs[int(rng.integers(len(pairs)))]
+        invented = _new_mention(tw.Mention(shape, colour), rng)
+        mentions.insert(int(rng.integers(len(mentions) + 1)), invented)
+        return mentions, background
     if fact.kind != "attribute":
         return None
     named = _matching(mentions, fact.referent)

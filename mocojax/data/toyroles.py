@@ -1,13 +1,19 @@
 """The toy world's rubrics, Judge truth, SFT records for all three roles, and its tokenizer.
 
-Rubric criteria are written in four templates that `parse_criterion` reads back, so any
+Rubric criteria are written in five templates that `parse_criterion` reads back, so any
 rubric (written by us or by a model) can be checked against the scene, and any Judge
 decision against the caption:
 
   mentions a red circle                      (present; weight 3 when a candidate missed it)
   does not mention a green star              (absent; weight 3 against an invented object)
-  the circle at the top left is red          (attribute; weight 2 when one was wrong/missing)
+  mentions a small red circle                (attribute: size, or "... at the top left":
+                                             position; weight 2 when one was wrong/missing)
   the background is white                    (detail; weight 1)
+  mentions only a red circle and a blue star (only, with `data.only_item`; weight 3)
+
+A colour error is charged as the presence of the right pair ("mentions a red circle"). The
+first waves' predicate form of attribute items ("the circle at the top left is red", "the
+circle is small") is still read, never written (`toyroles_facts._phrase_form` says why).
 """
 
 import collections
@@ -56,14 +62,21 @@ SPECIAL_TOKENS = (
 UNK_TOKEN = "<unk>"
 
 
-def referent_for(scene, k, attribute):
-    """Returns the shortest description of object k that does not use `attribute`."""
+def attribute_fact(scene, k, attribute):
+    """Returns the Fact that object k has its `attribute`, anchored on the object's colour and
+    shape so the criterion reads as the phrase to look for: size and position as attribute
+    items ("mentions a small red circle", "mentions a red circle at the top left"), colour as
+    a presence item ("mentions a red circle") or, when the scene has another object of that
+    shape, as the pair at its place. Each holds of a caption that names the object with that
+    attribute and its colour (the first waves' predicate, "the circle is small", ignored the
+    colour: a wrong colour is now charged by each of the object's items)."""
     obj = scene.objects[k]
+    pair = tw.Mention(obj.shape, obj.colour)
+    if attribute != "colour":
+        return Fact("attribute", pair, attribute, getattr(obj, attribute))
     if sum(o.shape == obj.shape for o in scene.objects) == 1:
-        return tw.Mention(obj.shape)
-    if attribute == "colour":
-        return tw.Mention(obj.shape, position=obj.position)
-    return tw.Mention(obj.shape, colour=obj.colour)
+        return Fact("present", pair)
+    return Fact("attribute", pair, "position", obj.position)
 
 
 def rubric_facts(scene, candidate_captions, max_items=8, min_items=3, only_item=False):
@@ -89,7 +102,7 @@ def rubric_facts(scene, candidate_captions, max_items=8, min_items=3, only_item=
                 continue
             mention = mentions[assignment.index(k)]
             facts += [
-                Fact("attribute", referent_for(scene, k, a), a, getattr(obj, a))
+                attribute_fact(scene, k, a)
                 for a in tw.ATTRIBUTES
                 if getattr(mention, a) != getattr(obj, a)
             ]
