@@ -230,6 +230,9 @@ def test_truth_task_states_rubric_criteria_about_half_true_per_kind():
         assert len(answers) > 60, kind
         assert 0.35 <= answers.count("yes") / len(answers) <= 0.65, kind
     assert crossed / by_kind["present"].count("no") > 0.5
+    attribute = toybase.base_records(4, 200, task_mix={"truthattr": 1})
+    assert {(r["task"], r["kind"]) for r in attribute} == {("truthattr", "attribute")}
+    assert 0.35 <= np.mean([r["target"] == "yes" for r in attribute]) <= 0.65
     plain = toybase.base_records(4, 20)
     mixed = toybase.base_records(4, 20, task_mix=dict(toybase.DEFAULT_TASK_MIX, truth=1))
     assert [r for r in mixed if r["task"] != "truth"] == plain

@@ -37,10 +37,11 @@ from mocojax import roles
 from mocojax.data import toyworld as tw
 
 IMAGE_TASKS = ("object", "grid", "cell", "find", "count", "caption")
-TEXT_TASKS = ("read", "names", "attr", "check", "bind", "truth")
+TEXT_TASKS = ("read", "names", "attr", "check", "bind", "truth", "truthattr")
 TASKS = IMAGE_TASKS + TEXT_TASKS
-# Records per scene and task (a scene's image is rendered once per record). `check`, `bind` and
-# `truth` are last in TASKS and 0 here, so the shipped base's records are unchanged by them.
+# Records per scene and task (a scene's image is rendered once per record). `check`, `bind`,
+# `truth` and `truthattr` are last in TASKS and 0 here, so the shipped base's records are
+# unchanged by them. `truthattr`: `truth` asked about attribute items only (the weakest kind).
 DEFAULT_TASK_MIX = {
     "object": 2,
     "grid": 1,
@@ -54,6 +55,7 @@ DEFAULT_TASK_MIX = {
     "check": 0,
     "bind": 0,
     "truth": 0,
+    "truthattr": 0,
 }
 
 OBJECT_PROMPT = "What is in the picture?"
@@ -189,8 +191,9 @@ def _text_record(scene, task, k, caption, mentions, background, rng):
         return _check_record(scene, k, caption, mentions, rng)
     if task == "bind":
         return _bind_record(scene, k, caption, mentions, rng)
-    if task == "truth":
-        return _truth_record(scene, k, caption, mentions, background, rng)
+    if task in ("truth", "truthattr"):
+        kinds = ("attribute",) if task == "truthattr" else None
+        return _truth_record(scene, k, caption, mentions, background, rng, kinds, task)
     if task == "names":
         if mentions and rng.random() < 0.5:
             m = mentions[int(rng.integers(len(mentions)))]
@@ -295,7 +298,7 @@ def truth_facts(scene, caption, mentions):
     return list(dict.fromkeys(facts))
 
 
-def _truth_record(scene, k, caption, mentions, background, rng):
+def _truth_record(scene, k, caption, mentions, background, rng, kinds=None, task="truth"):
     """A rubric criterion stated about a caption ("Check: mentions a red circle"), answered
     "yes" or "no" from the caption alone: the per-item Judge's question without its role
     prompt. The criterion is one of `truth_facts`; the caption is one side, drawn at random, of
@@ -303,12 +306,14 @@ def _truth_record(scene, k, caption, mentions, background, rng):
     an attribute moved to another object), rewritten by the world's caption writer, so within
     each item kind about half the answers are "yes" and only the words the item asks about
     decide. The record's `kind` is the item kind (present / absent / attribute / background /
-    only)."""
+    only); `kinds` limits the kinds asked (falling back to all when the caption offers none)."""
     from mocojax.data import toypairs, toyroles
 
     by_kind = collections.defaultdict(list)
     for fact in truth_facts(scene, caption, mentions):
         by_kind[fact.kind].append(fact)
+    if kinds and any(by_kind.get(kind) for kind in kinds):
+        by_kind = {kind: by_kind[kind] for kind in kinds if by_kind.get(kind)}
     kind = sorted(by_kind)[int(rng.integers(len(by_kind)))]  # every kind about equally often
     fact = by_kind[kind][int(rng.integers(len(by_kind[kind])))]
     pair = toypairs.pair_content(fact, mentions, background, rng)
@@ -319,7 +324,7 @@ def _truth_record(scene, k, caption, mentions, background, rng):
     criterion = toyroles.item_of(fact).criterion
     record = _record(
         scene,
-        "truth",
+        task,
         k,
         roles.check_question(caption, criterion),
         "yes" if decision.value else "no",

@@ -15,7 +15,7 @@ from mocojax.eval import toyworld_eval
 # The base's own mix, plus one multi-item names question, one binding names question and one
 # rubric-criterion question per scene (last in the task order, so the other tasks' held-out
 # records are the same without them).
-EVAL_TASK_MIX = dict(toybase.DEFAULT_TASK_MIX, check=1, bind=1, truth=1)
+EVAL_TASK_MIX = dict(toybase.DEFAULT_TASK_MIX, check=1, bind=1, truth=1, truthattr=1)
 
 
 def evaluate(
