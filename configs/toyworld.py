@@ -96,6 +96,10 @@ def get_config(arg=""):
     # True: every rubric (Generator SFT targets, the exact Generator, eval records) starts with
     # a "mentions only <the scene's objects>" item, so any invented object costs reward
     config.data.only_item = False
+    # False: rubrics hold no size or place items (a wrong colour stays charged as the pair's
+    # presence): for a Judge that checks presence, absence, `only` and the background but not
+    # attributes, which RL exploits (docs/results.md, session 9)
+    config.data.attribute_items = True
     config.data.train_path = ""
     config.data.eval_path = ""
     config.data.image_root = ""

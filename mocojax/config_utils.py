@@ -209,8 +209,9 @@ def validate(config, stages):
             "must be 'rubric', or 'check' with data.judge_per_item=True (the per-item Judge "
             "asked 'Check: <criterion>' and answering yes / no)",
         )
-    if "only_item" in config.data:
-        _check(config, "data.only_item", lambda v: isinstance(v, bool), "must be True or False")
+    for key in ("only_item", "attribute_items"):
+        if key in config.data:
+            _check(config, f"data.{key}", lambda v: isinstance(v, bool), "must be True or False")
     if "pair_tokens" in config.data:
         _check(
             config,
@@ -465,9 +466,9 @@ def sft_examples(config, processor=None):
         )
     if data.source == "toyworld":
         drop = data.get("policy_drop", 0.0)
-        only = data.get("only_item", False)
+        options = toyroles.rubric_options(data)
         train = toyroles.sft_records(
-            data.seed, data.num_train_scenes, tuple(data.mix), policy_drop=drop, only_item=only
+            data.seed, data.num_train_scenes, tuple(data.mix), policy_drop=drop, **options
         )
         held_out = toyroles.sft_records(
             data.seed,
@@ -475,7 +476,7 @@ def sft_examples(config, processor=None):
             tuple(data.mix),
             start=data.num_train_scenes,
             policy_drop=drop,
-            only_item=only,
+            **options,
         )
     else:
         train, held_out = (

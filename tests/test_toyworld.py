@@ -149,6 +149,24 @@ def test_attribute_items_are_phrases_of_the_pair_by_hand():
         assert toyroles.judge_fact(where, *parsed).value == where_value, caption
 
 
+def test_rubric_without_attribute_items_by_hand():
+    """attribute_items=False: a candidate's wrong size and place get no item, its wrong colour
+    the pair's presence item; everything else as with attribute items."""
+    shown = ["A small blue circle at the bottom and a small blue square in the center."]
+    with_attributes = toyroles.rubric_facts(SCENE, shown, min_items=0)
+    assert {f.kind for f in with_attributes} == {"present", "attribute", "background"}
+    facts = toyroles.rubric_facts(SCENE, shown, min_items=0, attribute_items=False)
+    assert facts == [
+        toyroles.Fact("present", Mention("circle", "red")),
+        toyroles.Fact("background", value="white"),
+    ]
+    exact = toyroles.ExactRoles({SCENE.id: SCENE}, attribute_items=False)
+    assert all(
+        toyroles.parse_criterion(item.criterion).kind != "attribute"
+        for item in exact.rubric(SCENE.id, shown)
+    )
+
+
 def test_only_item_by_hand():
     """The "mentions only ..." item: it reads back, a caption naming only the scene's objects
     (with or without their colour, any size or place) meets it, one invented or recoloured
@@ -338,6 +356,11 @@ def test_policy_drop_validated():
     config = module.get_config("tiny")
     config.data.policy_drop = 1.0
     with pytest.raises(ValueError, match="data.policy_drop"):
+        config_utils.validate(config, main.STAGES)
+    config.data.policy_drop = 0.4
+    with config.ignore_type():
+        config.data.attribute_items = "no"
+    with pytest.raises(ValueError, match="data.attribute_items"):
         config_utils.validate(config, main.STAGES)
 
 

@@ -79,7 +79,9 @@ def attribute_fact(scene, k, attribute):
     return Fact("attribute", pair, "position", obj.position)
 
 
-def rubric_facts(scene, candidate_captions, max_items=8, min_items=3, only_item=False):
+def rubric_facts(
+    scene, candidate_captions, max_items=8, min_items=3, only_item=False, attribute_items=True
+):
     """Returns the Facts of the target rubric: what the candidates missed, got wrong or invented.
 
     Ordered by weight (RubiCap's severity scheme; items against invented objects first, so
@@ -90,6 +92,9 @@ def rubric_facts(scene, candidate_captions, max_items=8, min_items=3, only_item=
     invented object fails, whether or not a shown candidate invented it (without it an invented
     object costs only when a shown candidate invented the same one: docs/results.md measured
     hallucinations doubling under RL with exact roles).
+    attribute_items=False: no size or place items; a wrong colour is still charged, as the
+    pair's presence item (`data.attribute_items`: a Judge that cannot check the attribute items
+    is exploited through them; docs/results.md, sessions 8-9).
     """
     pairs = {(o.shape, o.colour) for o in scene.objects}
     facts = []
@@ -103,8 +108,10 @@ def rubric_facts(scene, candidate_captions, max_items=8, min_items=3, only_item=
             mention = mentions[assignment.index(k)]
             facts += [
                 attribute_fact(scene, k, a)
+                if attribute_items
+                else Fact("present", tw.Mention(obj.shape, obj.colour))
                 for a in tw.ATTRIBUTES
-                if getattr(mention, a) != getattr(obj, a)
+                if getattr(mention, a) != getattr(obj, a) and (attribute_items or a == "colour")
             ]
         facts += [
             Fact("absent", tw.Mention(m.shape, m.colour))
@@ -139,7 +146,13 @@ GENERATOR_REFERENCES = 1
 
 
 def scene_sft_records(
-    scene, seed, mix=(2, 1, 1), num_candidates=4, policy_drop=0.0, only_item=False
+    scene,
+    seed,
+    mix=(2, 1, 1),
+    num_candidates=4,
+    policy_drop=0.0,
+    only_item=False,
+    attribute_items=True,
 ):
     """Returns the SFT records of one scene: mix = (policy, generator, judge) record counts.
 
@@ -152,7 +165,8 @@ def scene_sft_records(
     Judge targets are exactly right by construction (computed from the parsed caption).
     policy_drop > 0: Policy targets leave out each object with that probability
     (`toyworld.terse_caption`), as captions that skip details; the roles keep full references.
-    only_item: every rubric starts with a "mentions only ..." item (`rubric_facts`).
+    only_item: every rubric starts with a "mentions only ..." item (`rubric_facts`);
+    attribute_items=False: rubrics hold no size or place items (`rubric_facts`).
 
     Long because the three roles' records share per-scene state built in one pass: the references
     feed the Policy and Generator records, the first Generator rubric and its weak captions are what
@@ -184,6 +198,7 @@ def scene_sft_records(
                 [c["caption"] for c in subset],
                 max_items=MAX_RUBRIC_ITEMS,
                 only_item=only_item,
+                attribute_items=attribute_items,
             )
         ]
         if rubric is None:  # Judge records use the first rubric.
@@ -235,15 +250,30 @@ def scene_sft_records(
     return records
 
 
-def sft_records(seed, num_scenes, mix=(2, 1, 1), start=0, policy_drop=0.0, only_item=False):
+def sft_records(
+    seed, num_scenes, mix=(2, 1, 1), start=0, policy_drop=0.0, only_item=False, attribute_items=True
+):
     """Returns the SFT records of scenes start..start+num_scenes-1, grouped by scene."""
     return [
         record
         for scene in tw.make_scenes(seed, num_scenes, start)
         for record in scene_sft_records(
-            scene, seed, mix, policy_drop=policy_drop, only_item=only_item
+            scene,
+            seed,
+            mix,
+            policy_drop=policy_drop,
+            only_item=only_item,
+            attribute_items=attribute_items,
         )
     ]
+
+
+def rubric_options(data):
+    """Returns the rubric keyword arguments (`only_item`, `attribute_items`) a config's `data`
+    block sets, for `rubric_facts`, `scene_sft_records`, `sft_records` and `ExactRoles`."""
+    return dict(
+        only_item=data.get("only_item", False), attribute_items=data.get("attribute_items", True)
+    )
 
 
 def balance_judge_items(examples, seed):
@@ -287,9 +317,10 @@ class ExactRoles:
     is the ceiling of the method on the toy world: RL with roles that make no mistakes.
     """
 
-    def __init__(self, scenes, only_item=False):
+    def __init__(self, scenes, only_item=False, attribute_items=True):
         self.scenes = scenes  # {image id: Scene}
         self.only_item = only_item  # rubrics start with a "mentions only ..." item
+        self.attribute_items = attribute_items  # False: no size or place items
 
     def rubric(self, image_id, shown_captions):
         """Returns the list[RubricItem] for the shown captions of one image."""
@@ -298,6 +329,7 @@ class ExactRoles:
             list(shown_captions),
             max_items=MAX_RUBRIC_ITEMS,
             only_item=self.only_item,
+            attribute_items=self.attribute_items,
         )
         return [item_of(f) for f in facts]
 

@@ -64,7 +64,7 @@ def held_out_kwargs(config):
     )
     if config.data.get("tasks", "roles") == "roles":  # the Judge is asked as it was trained
         kwargs["judge_per_item"] = records_lib.judge_item_form(config.data)
-        kwargs["only_item"] = config.data.get("only_item", False)
+        kwargs.update(toyroles.rubric_options(config.data))
     return kwargs
 
 
@@ -81,13 +81,14 @@ def evaluate(
     image_size=128,
     judge_per_item=False,
     only_item=False,
+    attribute_items=True,
 ):
     """Returns toy-world quality metrics of params on scenes start..start+num_scenes-1 (seed `seed`).
 
     judge_per_item: the Judge is asked once per rubric item (`records.judge_items`), as a
     `data.judge_per_item` run trains it; its accuracies are then per item, not per record.
-    only_item: the held-out rubrics start with a "mentions only ..." item, as a
-    `data.only_item` run trains the Generator to write.
+    only_item, attribute_items: the held-out rubrics are written as a run with those `data`
+    settings trains the Generator to write (`toyroles.rubric_facts`).
 
     Long because it is one pass from generation to the metrics dict: each role's outputs are
     generated once, then Policy captions (with the image-blind baseline), Generator rubrics (with
@@ -105,7 +106,9 @@ def evaluate(
     examples = [
         r
         for s in scenes.values()
-        for r in toyroles.scene_sft_records(s, seed, EVAL_MIX, only_item=only_item)
+        for r in toyroles.scene_sft_records(
+            s, seed, EVAL_MIX, only_item=only_item, attribute_items=attribute_items
+        )
     ]
     examples = _asked_as(examples, judge_per_item)
     by_role = {role: [e for e in examples if e["role"] == role] for role in records_lib.ROLES}
@@ -310,16 +313,19 @@ def judge_gate(
     max_new_tokens,
     judge_per_item=False,
     only_item=False,
+    attribute_items=True,
 ):
     """Returns the Judge's {"balanced_accuracy_within_kind", "balanced_accuracy_worst_kind",
     "balanced_accuracy", "accuracy",
     "accuracy_always_1", "num_items"}
     on held-out RL-like captions (the Judge records of scenes start..start+num_scenes-1),
-    asked once per item when judge_per_item (only_item: rubrics start with "mentions only ...")."""
+    asked once per item when judge_per_item (only_item, attribute_items: as `evaluate`)."""
     examples = [
         r
         for s in tw.make_scenes(seed, num_scenes, start)
-        for r in toyroles.scene_sft_records(s, seed, (0, 0, 2), only_item=only_item)
+        for r in toyroles.scene_sft_records(
+            s, seed, (0, 0, 2), only_item=only_item, attribute_items=attribute_items
+        )
     ]
     examples = _asked_as(examples, judge_per_item)
     outputs = generate_texts(

@@ -82,7 +82,7 @@ def judge_gate(config, processor, judge_params, cfg):
         batch_size=config.eval.batch_size,
         max_new_tokens=rl.judge_max_new_tokens,
         judge_per_item=records_lib.judge_item_form(config.data),
-        only_item=config.data.get("only_item", False),
+        **toyroles.rubric_options(config.data),
     )
     # Within each item kind (a Judge that only learned each kind's usual answer scores 0.5), and
     # the worst kind: RL finds the Judge's weakest kind and writes captions that pass it.
