@@ -294,7 +294,7 @@ def truth_facts(scene, caption, mentions):
         for b in scene.objects
         if (a.shape, b.colour) not in pairs
     ]
-    facts += toyroles.rubric_facts(scene, [], max_items=1, min_items=0, only_item=True)
+    facts += [toyroles.only_fact(scene)] if scene.objects else []
     return list(dict.fromkeys(facts))
 
 

@@ -175,22 +175,16 @@ def _binding_swap(fact, mentions, rng):
     return mentions, _swap(mentions, int(rng.choice(named)), int(rng.choice(donors)), attribute)
 
 
-def _allowed(fact, mention):
-    return any(
-        mention.shape == a.shape and mention.colour in (None, a.colour) for a in fact.allowed
-    )
-
-
 def _only_swap(fact, mentions, rng):
     """An `only` item's binding swap: two named objects' colours exchanged, so that a caption
     naming only the allowed objects names a colour-shape pair the item does not allow."""
-    if not all(_allowed(fact, m) for m in mentions):
+    if not all(toyroles.only_allows(fact, m) for m in mentions):
         return None
     options = [
         (k, j)
         for k in range(len(mentions))
         for j in range(k + 1, len(mentions))
-        if not all(_allowed(fact, m) for m in _swap(mentions, k, j, "colour"))
+        if not all(toyroles.only_allows(fact, m) for m in _swap(mentions, k, j, "colour"))
     ]
     if not options:
         return None
@@ -237,11 +231,11 @@ def _flipped_content(fact, mentions, background, rng):
             return mentions, _other(tuple(tw.BACKGROUNDS), fact.value, rng)
         return mentions, fact.value
     if fact.kind == "only":
-        if any(not _allowed(fact, m) for m in mentions):
-            return [m for m in mentions if _allowed(fact, m)], background
+        if any(not toyroles.only_allows(fact, m) for m in mentions):
+            return [m for m in mentions if toyroles.only_allows(fact, m)], background
         pairs = [(s, c) for s in tw.SHAPES for c in tw.COLOURS]
         shape, colour = pairs[int(rng.integers(len(pairs)))]
-        while _allowed(fact, tw.Mention(shape, colour)):
+        while toyroles.only_allows(fact, tw.Mention(shape, colour)):
             shape, colour = pairs[int(rng.integers(len(pairs)))]
         invented = _new_mention(tw.Mention(shape, colour), rng)
         mentions.insert(int(rng.integers(len(mentions) + 1)), invented)

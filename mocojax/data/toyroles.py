@@ -43,6 +43,7 @@ from mocojax.data.toyroles_facts import (  # noqa: F401
     judge_accuracy,
     judge_confusion,
     judge_fact,
+    only_allows,
     parse_criterion,
     pooled_confusion,
     rubric_truth_rate,
@@ -106,13 +107,11 @@ def rubric_facts(
                 facts.append(Fact("present", tw.Mention(obj.shape, obj.colour)))
                 continue
             mention = mentions[assignment.index(k)]
-            facts += [
-                attribute_fact(scene, k, a)
-                if attribute_items
-                else Fact("present", tw.Mention(obj.shape, obj.colour))
-                for a in tw.ATTRIBUTES
-                if getattr(mention, a) != getattr(obj, a) and (attribute_items or a == "colour")
-            ]
+            wrong = [a for a in tw.ATTRIBUTES if getattr(mention, a) != getattr(obj, a)]
+            if attribute_items:
+                facts += [attribute_fact(scene, k, a) for a in wrong]
+            elif "colour" in wrong:
+                facts.append(Fact("present", tw.Mention(obj.shape, obj.colour)))
         facts += [
             Fact("absent", tw.Mention(m.shape, m.colour))
             for m, k in zip(mentions, assignment)
@@ -126,10 +125,16 @@ def rubric_facts(
         facts += [f for f in fill + [Fact("background", value=scene.background)] if f not in facts]
     order = {kind: rank for rank, kind in enumerate(("absent", "present", "attribute"))}
     facts.sort(key=lambda f: order.get(f.kind, 3))
-    if only_item:
-        allowed = tuple(dict.fromkeys(tw.Mention(o.shape, o.colour) for o in scene.objects))
-        facts = ([Fact("only", allowed=allowed)] if allowed else []) + facts
+    if only_item and scene.objects:
+        facts = [only_fact(scene)] + facts
     return facts[:max_items]
+
+
+def only_fact(scene):
+    """Returns the scene's "mentions only <its objects>" Fact (objects as colour and shape)."""
+    return Fact(
+        "only", allowed=tuple(dict.fromkeys(tw.Mention(o.shape, o.colour) for o in scene.objects))
+    )
 
 
 def _rng(seed, salt, scene):

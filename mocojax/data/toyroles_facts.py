@@ -128,6 +128,14 @@ def _matches(mention, referent):
     )
 
 
+def only_allows(fact, mention):
+    """Whether an `only` fact allows a caption's mention: one of its objects' shapes, with that
+    object's colour or none (size and place do not matter)."""
+    return any(
+        mention.shape == a.shape and mention.colour in (None, a.colour) for a in fact.allowed
+    )
+
+
 def judge_fact(fact, mentions, background):
     """Returns the exact Decision(0/1, rationale) for `fact` on a caption's parsed content."""
     if fact.kind == "present":
@@ -137,11 +145,7 @@ def judge_fact(fact, mentions, background):
         named = any(_matches(m, fact.referent) for m in mentions)
         return roles.Decision(int(not named), "it is mentioned" if named else "it is not mentioned")
     if fact.kind == "only":
-        invented = [
-            m
-            for m in mentions
-            if not any(m.shape == a.shape and m.colour in (None, a.colour) for a in fact.allowed)
-        ]
+        invented = [m for m in mentions if not only_allows(fact, m)]
         if invented:
             return roles.Decision(0, f"it names a {_referent_phrase(invented[0])}")
         return roles.Decision(1, "it names nothing else")
