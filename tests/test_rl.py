@@ -243,6 +243,38 @@ def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatc
         assert "tracking_error" not in row  # no momentum copy
 
 
+def test_true_f1_reward_is_each_captions_exact_f1(tmp_path):
+    """rl.reward = "true_f1": every logged caption's reward is its exact F1 against the scene
+    (computed here again from the caption text), and the step logs the captions' breakdown."""
+    from mocojax.data import toyworld as tw
+
+    config = _toy_config()
+    config.rl.generator, config.rl.judge = "exact", "exact"
+    config.rl.reward = "true_f1"
+    config.rl.num_steps = 1
+    config.rl.log_samples_every = 1
+    rl.run_rl(config, str(tmp_path))
+    scenes = {s.id: s for s in tw.make_scenes(config.data.seed, config.data.num_train_scenes)}
+    with open(tmp_path / "rl_samples.jsonl") as f:
+        groups = [json.loads(line) for line in f]
+    assert groups
+    for group in groups:
+        scene = scenes[group["image_id"]]
+        expected = [tw.caption_metrics(scene, c)["f1"] for c in group["captions"]]
+        np.testing.assert_allclose(group["rewards"], expected, rtol=1e-6)
+        assert group["truth"]["f1"] == pytest.approx(expected)
+    with open(tmp_path / "metrics.jsonl") as f:
+        row = [r for r in map(json.loads, f) if r["stage"] == "rl" and r["step"] == 1][0]
+    assert 0.0 <= row["true/object_recall"] <= 1.0 and row["true/caption_words"] > 0
+
+
+def test_true_f1_reward_needs_the_exact_roles():
+    config = _toy_config()
+    config.rl.reward = "true_f1"
+    with pytest.raises(ValueError, match="rl.reward='true_f1'.*exact roles"):
+        rl_config.validate(config.rl)
+
+
 def test_exact_roles_by_hand():
     from mocojax.data import toyroles, toyworld as tw
 

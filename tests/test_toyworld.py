@@ -418,3 +418,25 @@ def test_judge_on_policy_examples_carry_the_exact_decisions_on_the_policy_captio
     assert 0.2 < np.mean(always_1) < 0.9
     _, accuracy_1, _, by_kind_1 = toyworld_eval._judge_scores(judged, ones)
     assert accuracy_1 == always_1 and toyworld_eval.within_kind_balanced_accuracy(by_kind_1) == 0.5
+
+
+def test_caption_breakdown_by_hand():
+    """Objects found and attributes stated / right, pooled over captions, counted by hand."""
+    captions = [
+        # circle: all three attributes right; square: size only, wrong; a star invented
+        "A large red circle at the top left, a big blue square and a green star.",
+        # circle with a wrong colour and a wrong place; the square missed
+        "A blue circle in the center on a white background.",
+    ]
+    out = tw.caption_breakdown([tw.caption_metrics(SCENE, c) for c in captions])
+    # 4 objects in the two captions' scenes, 3 of them found; 4 mentions, 3 matched
+    assert out["object_recall"] == pytest.approx(3 / 4)
+    assert out["object_precision"] == pytest.approx(3 / 4)
+    # colour stated by all 3 matched mentions (2 right); size by 2 (1 right); position by 2 (1)
+    assert out["colour_stated"] == pytest.approx(1.0) and out["colour_accuracy"] == pytest.approx(
+        2 / 3
+    )
+    assert out["size_stated"] == pytest.approx(2 / 3) and out["size_accuracy"] == pytest.approx(0.5)
+    assert out["position_stated"] == pytest.approx(2 / 3)
+    assert out["position_accuracy"] == pytest.approx(0.5)
+    assert tw.caption_breakdown([tw.caption_metrics(SCENE, "")])["object_precision"] == 0.0

@@ -357,7 +357,9 @@ def match_mentions(scene, mentions):
 
 
 def caption_metrics(scene, caption):
-    """Returns exact fact-level precision, recall, F1 and the hallucinated objects of a caption.
+    """Returns exact fact-level precision, recall, F1 and the hallucinated objects of a caption,
+    with the counts behind them: mentions, objects missed, and per attribute (colour, size,
+    position) how often a matched mention stated it and stated it right.
 
     Facts: each object's existence, colour, size and position, and the background colour.
     A stated fact is correct when the mention is matched to a scene object (same shape) with
@@ -368,13 +370,19 @@ def caption_metrics(scene, caption):
     assignment = match_mentions(scene, mentions)
     stated = correct = 0
     hallucinated = []
+    # per attribute, over the mentions matched to an object: [stated, stated right]
+    attributes = {a: [0, 0] for a in ATTRIBUTES}
     for mention, k in zip(mentions, assignment):
         facts = 1 + sum(getattr(mention, a) is not None for a in ATTRIBUTES)
         stated += facts
         if k is None:
             hallucinated.append(mention)
-        else:
-            correct += _mention_score(mention, scene.objects[k])
+            continue
+        correct += _mention_score(mention, scene.objects[k])
+        for a in ATTRIBUTES:
+            if getattr(mention, a) is not None:
+                attributes[a][0] += 1
+                attributes[a][1] += getattr(mention, a) == getattr(scene.objects[k], a)
     if background is not None:
         stated += 1
         correct += background == scene.background
@@ -389,7 +397,33 @@ def caption_metrics(scene, caption):
         "hallucinated": hallucinated,
         "num_mentions": len(mentions),
         "missing_objects": len(scene.objects) - sum(k is not None for k in assignment),
+        "num_objects": len(scene.objects),
+        "attributes": {a: tuple(counts) for a, counts in attributes.items()},
     }
+
+
+def caption_breakdown(metrics):
+    """Returns what a list of caption_metrics dicts says about the captions' objects and
+    attributes (pooled over captions): object_recall (scene objects some mention matched),
+    object_precision (mentions matched to an object), and per attribute a the share of matched
+    mentions stating it (`<a>_stated`) and the share of those right (`<a>_accuracy`).
+
+    F1 counts three attribute facts per object, so a caption can gain or lose F1 through its
+    attributes with the same objects: these say which (docs/results.md, session 10).
+    """
+    objects = sum(m["num_objects"] for m in metrics)
+    mentions = sum(m["num_mentions"] for m in metrics)
+    matched = objects - sum(m["missing_objects"] for m in metrics)  # one object per mention
+    out = {
+        "object_recall": matched / objects if objects else 0.0,
+        "object_precision": matched / mentions if mentions else 0.0,
+    }
+    for a in ATTRIBUTES:
+        stated = sum(m["attributes"][a][0] for m in metrics)
+        right = sum(m["attributes"][a][1] for m in metrics)
+        out[f"{a}_stated"] = stated / matched if matched else 0.0
+        out[f"{a}_accuracy"] = right / stated if stated else 0.0
+    return out
 
 
 def main(argv=None):

@@ -163,6 +163,7 @@ def evaluate(
         "policy/hallucinated_per_caption": float(np.mean([len(m["hallucinated"]) for m in policy])),
         "policy/caption_words": float(np.mean([len(t.split()) for t in outputs["policy"]])),
         "policy/distinct_captions": len(set(outputs["policy"])),
+        **{f"policy/{k}": v for k, v in tw.caption_breakdown(policy).items()},
         "generator/rubric_truth_rate": float(np.mean(truth)),
         "generator/rubric_truth_other_scene": float(np.mean(truth_other)),
         "generator/items_per_rubric": float(np.mean(num_items)),

@@ -21,9 +21,11 @@ Whether a group has signal is decided once, by `Rollout.has_signal` (its rubric 
 rewards are not all equal); groups without it are masked out of the loss, and an update where
 no group has signal is skipped (params and optimiser state kept) and counted.
 config.rl.reward picks what scores the captions (`reward_source`): the rubric reward above, or
-ACE-Cap's G2P reward (mocojax.train.g2p: Gold-MCQ and a text-only judge, no Generator).
+ACE-Cap's G2P reward (mocojax.train.g2p: Gold-MCQ and a text-only judge, no Generator), or
+(toy world) each caption's exact F1, the ceiling of any caption reward (TrueF1Source).
 """
 
+import dataclasses
 import json
 import logging
 import os
@@ -40,7 +42,7 @@ from mocojax import (
     momentum,
     sharding,
 )
-from mocojax.data import pipeline, records as records_lib, toyroles
+from mocojax.data import pipeline, records as records_lib, toyroles, toyworld as tw
 from mocojax.train import (
     rl_config,
     rl_evals,
@@ -171,6 +173,22 @@ class RubricSource:
         return sample_rows(step, rollout, truths)
 
 
+class TrueF1Source(RubricSource):
+    """config.rl.reward = "true_f1" (toy world): the exact roles' rollout, each caption rewarded
+    with its exact fact-level F1 against the scene instead of the rubric reward -- the ceiling
+    of any caption reward, which says whether GRPO raises held-out F1 when the reward is the
+    metric itself. The rubric and its decisions are still logged."""
+
+    def collect(self, *args, **kwargs):
+        """Returns (Rollout with F1 rewards, seconds per phase)."""
+        rollout, seconds = super().collect(*args, **kwargs)
+        f1 = [
+            [tw.caption_metrics(self.scenes[image_id], c)["f1"] for c in captions]
+            for image_id, captions in zip(rollout.ids, rollout.captions)
+        ]
+        return dataclasses.replace(rollout, rewards=np.asarray(f1, np.float32)), seconds
+
+
 def reward_source(config, records, initial_policy=None):
     """Returns what collects, scores and logs the Policy's captions, per config.rl.reward: the
     rubric reward (RubricSource; with config.rl.rubrics "offline" / "committee" one fixed rubric
@@ -189,10 +207,12 @@ def reward_source(config, records, initial_policy=None):
         from mocojax.train import offline_rubrics
 
         return offline_rubrics.OfflineRubricSource(config, records, initial_policy)
-    return RubricSource(
-        {r["id"]: r["scene"] for r in records if "scene" in r},
-        records_lib.judge_item_form(config.data),
-    )
+    scenes = {r["id"]: r["scene"] for r in records if "scene" in r}
+    if config.rl.reward == "true_f1":
+        if len(scenes) != len(records):
+            raise ValueError("config.rl.reward='true_f1' needs toy-world scenes (data.source)")
+        return TrueF1Source(scenes)
+    return RubricSource(scenes, records_lib.judge_item_form(config.data))
 
 
 def rl_records(config):

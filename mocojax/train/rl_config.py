@@ -18,7 +18,9 @@ ROLE_SOURCES = PARAM_SOURCES + ("exact",)
 MOMENTUM_SCHEDULES = ("constant", "byol_cosine")
 # What scores the Policy's captions: "rubric" (online rubrics, the method) or "g2p" (ACE-Cap's
 # Gold-MCQ reward from a text-only MCQ judge; mocojax.train.g2p, docs/acecap.md).
-REWARDS = ("rubric", "g2p")
+# "true_f1" (toy world, with the exact roles): each caption's exact fact-level F1 against its
+# scene, the ceiling of any caption reward -- what GRPO does when the reward is the metric itself.
+REWARDS = ("rubric", "g2p", "true_f1")
 # The RL loop's eval hooks (mocojax.train.rl_evals.EVALS): "" none; "toyworld" the Judge gate and
 # held-out evals against the toy world's exact truth (needs data.source="toyworld").
 EVALS = ("", "toyworld")
@@ -217,6 +219,13 @@ def validate(rl) -> None:
         _fail("reward", rl.reward, f"must be one of {REWARDS}")
     if rl.rubrics not in RUBRICS:
         _fail("rubrics", rl.rubrics, f"must be one of {RUBRICS}")
+    if rl.reward == "true_f1" and (rl.generator, rl.judge) != ("exact", "exact"):
+        _fail(
+            "reward",
+            rl.reward,
+            "the true-F1 ceiling runs with the exact roles (rl.generator = rl.judge = 'exact'), "
+            f"got {rl.generator!r} / {rl.judge!r}",
+        )
     if rl.rubrics != "online" and rl.reward != "rubric":
         _fail("rubrics", rl.rubrics, f"fixed rubrics need rl.reward='rubric', not {rl.reward!r}")
     if rl.aggregation not in AGGREGATIONS:

@@ -129,6 +129,8 @@ def toy_truth(scene, rollout, g):
     return {
         "f1": [m["f1"] for m in metrics],
         "hallucinated": [len(m["hallucinated"]) for m in metrics],
+        "words": [len(caption.split()) for caption in rollout.captions[g]],
+        "breakdown": tw.caption_breakdown(metrics),
         "item_true": item_true,
         "decision_right": decision_right,
     }
@@ -136,7 +138,8 @@ def toy_truth(scene, rollout, g):
 
 def truth_metrics(truths, rewards):
     """Returns the step's toy-world truth scalars from toy_truth dicts of its groups; rewards [G, N].
-    Only "f1" and "hallucinated" are needed: a reward without rubrics (G2P) gives no "item_true"
+    Only "f1" and "hallucinated" are needed ("words" and "breakdown" are logged when every group
+    has them): a reward without rubrics (G2P) gives no "item_true"
     or "decision_right"."""
     f1 = [v for t in truths for v in t["f1"]]
     items = [v for t in truths for v in t.get("item_true", [])]
@@ -149,6 +152,11 @@ def truth_metrics(truths, rewards):
             np.mean([v for t in truths for v in t["hallucinated"]])
         ),
     }
+    if all("words" in t for t in truths):
+        out["true/caption_words"] = float(np.mean([v for t in truths for v in t["words"]]))
+    if all("breakdown" in t for t in truths):  # means over groups of each group's shares
+        for key in truths[0]["breakdown"]:
+            out[f"true/{key}"] = float(np.mean([t["breakdown"][key] for t in truths]))
     if items:
         out["true/rubric_item_truth"] = float(np.mean([bool(v) for v in items]))
         out["true/rubric_item_unreadable"] = float(np.mean([v is None for v in items]))
