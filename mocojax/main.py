@@ -15,13 +15,18 @@ import jax
 from absl import app, flags, logging as absl_logging
 from ml_collections import config_flags
 
-from mocojax import checkpoint, config_utils, distributed
+from mocojax import checkpoint, config_utils, distributed, workdir_lock
 from mocojax.train import sft
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (configs/*.py[:arg]).", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and exports.")
+_BREAK_LOCK = flags.DEFINE_bool(
+    "break_lock",
+    False,
+    "Take over a workdir whose lock names a run on another host (after making sure it is gone).",
+)
 
 
 def run_rl(config, workdir):
@@ -88,8 +93,11 @@ STAGES = {
 MULTI_HOST_STAGES = ("sft", "rl")
 
 
-def run(config, workdir):
-    """Validates the config, then runs its stages in order; returns {stage: final metrics}."""
+def run(config, workdir, break_lock=False):
+    """Validates the config, then runs its stages in order; returns {stage: final metrics}.
+
+    The workdir is locked while the stages run (mocojax.workdir_lock: a second run into the same
+    workdir stops at once; break_lock takes over a lock left on another host)."""
     config_utils.validate(config, STAGES)
     if jax.process_count() > 1 and set(config.stages) - set(MULTI_HOST_STAGES):
         raise ValueError(
@@ -97,13 +105,14 @@ def run(config, workdir):
             "run the other stages as a single-process command on the same --workdir"
         )
     os.makedirs(workdir, exist_ok=True)
-    if distributed.is_main():
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            f.write(config.to_json_best_effort(indent=1))
     results = {}
-    for stage in config.stages:
-        logging.info("stage %s", stage)
-        results[stage] = STAGES[stage](config, workdir)
+    with workdir_lock.hold(workdir, distributed.is_main(), break_lock):
+        if distributed.is_main():
+            with open(os.path.join(workdir, "config.json"), "w") as f:
+                f.write(config.to_json_best_effort(indent=1))
+        for stage in config.stages:
+            logging.info("stage %s", stage)
+            results[stage] = STAGES[stage](config, workdir)
     return results
 
 
@@ -125,7 +134,7 @@ def main(argv):
         raise app.UsageError("--workdir is required")
     # Before validation: it counts devices, and jax.distributed must start before any device use.
     distributed.initialize(_CONFIG.value.get("distributed"))
-    run(_CONFIG.value, _WORKDIR.value)
+    run(_CONFIG.value, _WORKDIR.value, _BREAK_LOCK.value)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from mocojax import checkpoint, config_utils, main
+from mocojax import checkpoint, config_utils, main, workdir_lock
 from mocojax.train import rl_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -145,8 +145,12 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run_bitwise(tmp_path):
     reached = checkpoint.latest_step(str(killed), "sft")
     assert KILL_AFTER <= reached < NUM_STEPS
 
+    # The killed run's workdir lock names a dead process: the resume takes it over, then drops it.
+    assert (killed / workdir_lock.LOCK_NAME).is_file()
     resumed = subprocess.run(_command(killed), cwd=REPO, env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "taking over the lock of a run that is gone" in resumed.stderr
+    assert not (killed / workdir_lock.LOCK_NAME).exists()
     straight_params, resumed_params = _final_params(tmp_path / "straight"), _final_params(killed)
     jax.tree.map(np.testing.assert_array_equal, straight_params, resumed_params)
 
@@ -186,3 +190,43 @@ def test_eval_stage_scores_sft_and_rl_checkpoints_with_baselines(tmp_path):
         ):
             assert np.isfinite(result[key]), key
         assert result["num_scenes"] == config.eval.num_scenes
+
+
+def test_a_second_run_into_a_held_workdir_stops_before_any_work(tmp_path):
+    """A live run's lock (this test process holds it) stops main.run at once, naming the holder;
+    nothing is written into the workdir; released, the lock file is gone."""
+    config = toyworld.get_config("tiny")
+    path = workdir_lock.acquire(str(tmp_path))
+    with pytest.raises(workdir_lock.WorkdirInUse, match=rf"in use by .*pid {os.getpid()} on "):
+        main.run(config, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == [workdir_lock.LOCK_NAME]
+    workdir_lock.release(path)
+    assert os.listdir(tmp_path) == []
+
+
+def _write_lock(workdir, pid, host):
+    with open(os.path.join(workdir, workdir_lock.LOCK_NAME), "w") as f:
+        json.dump({"pid": pid, "host": host, "started": 0, "argv": ["old", "run"]}, f)
+
+
+def test_a_lock_left_by_a_dead_process_of_this_host_is_taken_over(tmp_path, caplog):
+    import socket
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    _write_lock(tmp_path, gone.pid, socket.gethostname())
+    with workdir_lock.hold(str(tmp_path)):
+        with open(tmp_path / workdir_lock.LOCK_NAME) as f:
+            assert json.load(f)["pid"] == os.getpid()
+    assert "taking over the lock" in caplog.text and f"pid {gone.pid}" in caplog.text
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_lock_from_another_host_needs_break_lock(tmp_path):
+    _write_lock(tmp_path, 1, "another-node")
+    with pytest.raises(workdir_lock.WorkdirInUse, match="another-node.*--break_lock"):
+        workdir_lock.acquire(str(tmp_path))
+    with workdir_lock.hold(str(tmp_path), break_lock=True):
+        with open(tmp_path / workdir_lock.LOCK_NAME) as f:
+            assert json.load(f)["pid"] == os.getpid()
+    assert os.listdir(tmp_path) == []
