@@ -273,6 +273,24 @@ def test_true_f1_reward_needs_the_exact_roles():
     config.rl.reward = "true_f1"
     with pytest.raises(ValueError, match="rl.reward='true_f1'.*exact roles"):
         rl_config.validate(config.rl)
+    config.rl.reward, config.rl.hallucination_charge = "rubric", 0.15
+    with pytest.raises(ValueError, match="hallucination_charge=0.15.*'true_f1' only"):
+        rl_config.validate(config.rl)
+
+
+def test_hallucination_charge_by_hand():
+    """F1 minus the charge per hallucinated object, on a caption worked by hand."""
+    from mocojax.data import toyworld as tw
+
+    scene = tw.Scene("s", "white", (tw.Obj("circle", "red", "large", "top left"),))
+    source = rl.TrueF1Source({"s": scene}, hallucination_charge=0.25)
+    # circle: 4 of 4 facts right; the star is hallucinated (its 2 stated facts, existence and
+    # colour, wrong); 5 scene facts (the circle's 4 and the background)
+    caption = "A large red circle at the top left and a blue star."
+    precision, recall = 4 / 6, 4 / 5
+    f1 = 2 * precision * recall / (precision + recall)
+    assert source.reward(scene, caption) == pytest.approx(f1 - 0.25)
+    assert source.reward(scene, "A large red circle at the top left on a white background.") == 1.0
 
 
 def test_exact_roles_by_hand():

@@ -177,16 +177,28 @@ class TrueF1Source(RubricSource):
     """config.rl.reward = "true_f1" (toy world): the exact roles' rollout, each caption rewarded
     with its exact fact-level F1 against the scene instead of the rubric reward -- the ceiling
     of any caption reward, which says whether GRPO raises held-out F1 when the reward is the
-    metric itself. The rubric and its decisions are still logged."""
+    metric itself. The rubric and its decisions are still logged. hallucination_charge
+    (config.rl.hallucination_charge) is subtracted per hallucinated object: F1 alone pays for a
+    mention that is right more than ~30% of the time, so its optimum mentions more objects and
+    hallucinates more (docs/results.md, session 10)."""
+
+    def __init__(self, scenes, hallucination_charge=0.0):
+        super().__init__(scenes)
+        self.hallucination_charge = hallucination_charge
+
+    def reward(self, scene, caption):
+        """Returns the caption's F1 minus the charge per hallucinated object."""
+        metrics = tw.caption_metrics(scene, caption)
+        return metrics["f1"] - self.hallucination_charge * len(metrics["hallucinated"])
 
     def collect(self, *args, **kwargs):
         """Returns (Rollout with F1 rewards, seconds per phase)."""
         rollout, seconds = super().collect(*args, **kwargs)
-        f1 = [
-            [tw.caption_metrics(self.scenes[image_id], c)["f1"] for c in captions]
+        rewards = [
+            [self.reward(self.scenes[image_id], c) for c in captions]
             for image_id, captions in zip(rollout.ids, rollout.captions)
         ]
-        return dataclasses.replace(rollout, rewards=np.asarray(f1, np.float32)), seconds
+        return dataclasses.replace(rollout, rewards=np.asarray(rewards, np.float32)), seconds
 
 
 def reward_source(config, records, initial_policy=None):
@@ -211,7 +223,7 @@ def reward_source(config, records, initial_policy=None):
     if config.rl.reward == "true_f1":
         if len(scenes) != len(records):
             raise ValueError("config.rl.reward='true_f1' needs toy-world scenes (data.source)")
-        return TrueF1Source(scenes)
+        return TrueF1Source(scenes, config.rl.hallucination_charge)
     return RubricSource(scenes, records_lib.judge_item_form(config.data))
 
 

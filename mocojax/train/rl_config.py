@@ -62,6 +62,8 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.momentum_schedule = "constant"  # or "byol_cosine": m -> 1 by a half cosine over the run
     # or "g2p": Gold-MCQ judged by rl.judge ("exact": the toy oracle); no Generator
     rl.reward = "rubric"
+    # rl.reward = "true_f1" only: subtracted from a caption's F1 per hallucinated object
+    rl.hallucination_charge = 0.0
     # which params play the Generator: "ema" | "frozen" | "policy" | "exact" (toy)
     rl.generator = "ema"
     rl.judge = "ema"
@@ -137,6 +139,7 @@ RANGES = {
     "clip_eps": (0.0, 1.0, True, False),
     "clip_eps_high": (0.0, None, True, True),
     "kl_beta": (0.0, None, True, True),
+    "hallucination_charge": (0.0, None, True, True),
     "adv_eps": (0.0, None, False, True),
     "momentum": (0.0, 1.0, True, True),
     "judge_gate": (0.0, 1.0, True, True),
@@ -225,6 +228,12 @@ def validate(rl) -> None:
             rl.reward,
             "the true-F1 ceiling runs with the exact roles (rl.generator = rl.judge = 'exact'), "
             f"got {rl.generator!r} / {rl.judge!r}",
+        )
+    if rl.hallucination_charge and rl.reward != "true_f1":
+        _fail(
+            "hallucination_charge",
+            rl.hallucination_charge,
+            f"applies to rl.reward='true_f1' only, not {rl.reward!r}",
         )
     if rl.rubrics != "online" and rl.reward != "rubric":
         _fail("rubrics", rl.rubrics, f"fixed rubrics need rl.reward='rubric', not {rl.reward!r}")
