@@ -91,6 +91,19 @@ STAGES = {
     "export": run_export,
 }
 MULTI_HOST_STAGES = ("sft", "rl")
+TRAINING_STAGES = ("vision", "sft", "rl")
+
+
+def config_file_name(workdir, stages):
+    """Returns the name of the file the run's config is written to in its workdir: config.json,
+    which describes the checkpoints (`mocojax.serve` reads it), for a run that trains or for the
+    first run into the workdir; a later eval or export run writes config_<stages>.json beside
+    it, so scoring a checkpoint with other settings does not overwrite how it was trained."""
+    if set(stages) & set(TRAINING_STAGES) or not os.path.exists(
+        os.path.join(workdir, "config.json")
+    ):
+        return "config.json"
+    return f"config_{'_'.join(stages)}.json"
 
 
 def run(config, workdir, break_lock=False):
@@ -108,7 +121,7 @@ def run(config, workdir, break_lock=False):
     results = {}
     with workdir_lock.hold(workdir, distributed.is_main(), break_lock):
         if distributed.is_main():
-            with open(os.path.join(workdir, "config.json"), "w") as f:
+            with open(os.path.join(workdir, config_file_name(workdir, config.stages)), "w") as f:
                 f.write(config.to_json_best_effort(indent=1))
         for stage in config.stages:
             logging.info("stage %s", stage)

@@ -157,7 +157,8 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run_bitwise(tmp_path):
 
 def test_eval_stage_scores_sft_and_rl_checkpoints_with_baselines(tmp_path):
     """eval.stage="sft,rl" writes eval_sft_<step>.json and eval_rl_<step>.json, each with the
-    honest metrics next to their trivial baselines."""
+    honest metrics next to their trivial baselines; the training run's config.json is kept and
+    the eval run's config goes to config_eval.json."""
     config = toyworld.get_config("tiny")
     config.stages = ("eval",)
     workdir = str(tmp_path)
@@ -167,7 +168,11 @@ def test_eval_stage_scores_sft_and_rl_checkpoints_with_baselines(tmp_path):
         manager = checkpoint.Manager(workdir, stage, keep=1)
         manager.save(step, {"params": params, "step": np.int32(step), "rng": jax.random.key(0)}, {})
         manager.close()
+    trained = {"stages": ["sft", "rl"], "written_by": "the training run"}
+    (tmp_path / "config.json").write_text(json.dumps(trained))
     results = main.run(config, workdir)["eval"]
+    assert json.loads((tmp_path / "config.json").read_text()) == trained
+    assert json.loads((tmp_path / "config_eval.json").read_text())["stages"] == ["eval"]
     assert sorted(results) == ["rl", "sft"]
     for stage, step in (("sft", 4), ("rl", 3)):
         path = tmp_path / f"eval_{stage}_{step}.json"
