@@ -100,6 +100,12 @@ def get_config(arg=""):
     # presence): for a Judge that checks presence, absence, `only` and the background but not
     # attributes, which RL exploits (docs/results.md, session 9)
     config.data.attribute_items = True
+    # True: every rubric holds a "does not mention a <shape>" item for each shape the scene lacks,
+    # so every invented object of a missing shape costs reward, in every sample
+    config.data.absent_shapes = False
+    # True: every rubric holds a "mentions at most <n> <shape>s" item for each shape the scene has,
+    # so a second mention of an object, or a wrong colour of one, costs reward in every sample
+    config.data.count_items = False
     config.data.train_path = ""
     config.data.eval_path = ""
     config.data.image_root = ""

@@ -209,7 +209,7 @@ def validate(config, stages):
             "must be 'rubric', or 'check' with data.judge_per_item=True (the per-item Judge "
             "asked 'Check: <criterion>' and answering yes / no)",
         )
-    for key in ("only_item", "attribute_items"):
+    for key in toyroles.RUBRIC_DEFAULTS:
         if key in config.data:
             _check(config, f"data.{key}", lambda v: isinstance(v, bool), "must be True or False")
     if "pair_tokens" in config.data:

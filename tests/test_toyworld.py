@@ -215,13 +215,102 @@ def test_only_item_charges_an_invention_no_shown_candidate_made():
         )
     assert rewards[False][0] == rewards[False][1] == 1.0
     total = sum(
-        item.weight for item in toyroles.ExactRoles({SCENE.id: SCENE}, True).rubric(SCENE.id, shown)
+        item.weight
+        for item in toyroles.ExactRoles({SCENE.id: SCENE}, only_item=True).rubric(SCENE.id, shown)
     )
     assert rewards[True] == [1.0, pytest.approx(1.0 - 3.0 / total)]
     records = toyroles.scene_sft_records(SCENE, 0, (0, 1, 1), only_item=True)
     assert all(
         r["target"].startswith("1 | 3 | mentions only") for r in records if r["role"] == "generator"
     )
+
+
+def test_absent_shape_items_charge_every_invented_shape():
+    """absent_shapes: one "does not mention a <shape>" item per shape the scene lacks (true of
+    the scene, read back as a colourless absent fact); the shown candidate's invented green star
+    gets no pair item of its own; each invented object of a missing shape then costs 3 of the
+    rubric's 12, where without the option only the shown candidate's own invention costs."""
+    shown = ["A large red circle at the top left and a green star on a white background."]
+    facts = toyroles.rubric_facts(SCENE, shown, min_items=0, absent_shapes=True)
+    assert facts == [
+        toyroles.Fact("absent", Mention("triangle")),
+        toyroles.Fact("absent", Mention("diamond")),
+        toyroles.Fact("absent", Mention("star")),
+        toyroles.Fact("present", Mention("square", "blue")),
+    ]
+    assert toyroles.item_of(facts[0]) == roles.RubricItem(
+        "does not mention a triangle", "not named", 3.0
+    )
+    assert all(toyroles.fact_is_true(SCENE, f) for f in facts)
+    complete = "A large red circle at the top left and a small blue square in the center."
+    star = complete[:-1] + " and a big green star."
+    two = complete[:-1] + ", a purple diamond and a yellow triangle."
+    rewards = {}
+    for option in (False, True):
+        exact = toyroles.ExactRoles({SCENE.id: SCENE}, absent_shapes=option)
+        rubric = exact.rubric(SCENE.id, shown)
+        for item in rubric:
+            assert toyroles.parse_criterion(item.criterion) is not None, item
+        weights = [item.weight for item in rubric]
+        rewards[option] = [
+            roles.rubric_reward(weights, exact.decisions(rubric, c)) for c in (complete, star, two)
+        ]
+    # without: the green star's absence and the square's presence, filled up to min_items = 3
+    # with the red circle's presence and the background (weights 3, 3, 3, 1; no caption here
+    # names the background)
+    assert rewards[False] == pytest.approx([9 / 10, 6 / 10, 9 / 10])
+    # with: the three missing shapes and the square (weights 3 each; no fill)
+    assert rewards[True] == pytest.approx([12 / 12, 9 / 12, 6 / 12])
+
+
+def test_count_items_by_hand():
+    """count_items: "mentions at most <n> <shape>s" per shape the scene has, read back; a second
+    mention of the circle or a circle of another colour fails it, a caption without a circle
+    meets it; with absent_shapes too, every hallucinated mention of these captions fails an item
+    (hand-computed rewards)."""
+    fact = toyroles.Fact("at_most", Mention("circle"), value="one")
+    item = toyroles.item_of(fact)
+    assert item == roles.RubricItem("mentions at most one circle", "no more named", 3.0)
+    assert toyroles.parse_criterion(item.criterion) == fact
+    two = toyroles.item_of(toyroles.Fact("at_most", Mention("star"), value="two"))
+    assert two.criterion == "mentions at most two stars"
+    assert toyroles.parse_criterion(two.criterion).value == "two"
+    for criterion in ["mentions at most five circles", "mentions at most one cross"]:
+        assert toyroles.parse_criterion(criterion) is None
+    for caption, value in [
+        ("A large red circle at the top left.", 1),
+        ("A blue square.", 1),
+        ("A red circle and a big red circle at the bottom.", 0),
+        ("A red circle and a green circle.", 0),
+    ]:
+        assert toyroles.judge_fact(fact, *tw.parse_caption(caption)).value == value, caption
+    shown = ["A large red circle at the top left and a small blue square in the center."]
+    facts = toyroles.rubric_facts(SCENE, shown, absent_shapes=True, count_items=True)
+    assert [toyroles.item_of(f).criterion for f in facts] == [
+        "does not mention a triangle",
+        "does not mention a diamond",
+        "does not mention a star",
+        "mentions at most one circle",
+        "mentions at most one square",
+        "the background is white",
+    ]
+    assert all(toyroles.fact_is_true(SCENE, f) for f in facts)
+    exact = toyroles.ExactRoles({SCENE.id: SCENE}, absent_shapes=True, count_items=True)
+    rubric = exact.rubric(SCENE.id, shown)
+    weights = [i.weight for i in rubric]
+    complete = shown[0][:-1] + " on a white background."
+    for caption, expected in [
+        (complete, 16 / 16),
+        (complete.replace(" on", " and a red circle at the bottom, on"), 13 / 16),  # twice
+        (complete.replace(" on", " and a green square, on"), 13 / 16),  # another colour
+        (complete.replace(" on", " and a red star and a green square, on"), 10 / 16),
+    ]:
+        assert len(tw.caption_metrics(SCENE, caption)["hallucinated"]) == round(
+            (16 - 16 * expected) / 3
+        )
+        assert roles.rubric_reward(weights, exact.decisions(rubric, caption)) == pytest.approx(
+            expected
+        ), caption
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -6,6 +6,7 @@ decision against the caption:
 
   mentions a red circle                      (present; weight 3 when a candidate missed it)
   does not mention a green star              (absent; weight 3 against an invented object)
+  does not mention a star                    (absent, a shape the scene lacks: `absent_shapes`)
   mentions a small red circle                (attribute: size, or "... at the top left":
                                              position; weight 2 when one was wrong/missing)
   the background is white                    (detail; weight 1)
@@ -30,6 +31,7 @@ from mocojax.data import records as records_lib, toybase, toyworld as tw
 
 # Split out (move only, #14); re-exported so `toyroles.<name>` keeps working.
 from mocojax.data.toyroles_facts import (  # noqa: F401
+    COUNT_WORDS,
     WEIGHTS,
     Fact,
     _matches,
@@ -81,7 +83,14 @@ def attribute_fact(scene, k, attribute):
 
 
 def rubric_facts(
-    scene, candidate_captions, max_items=8, min_items=3, only_item=False, attribute_items=True
+    scene,
+    candidate_captions,
+    max_items=8,
+    min_items=3,
+    only_item=False,
+    attribute_items=True,
+    absent_shapes=False,
+    count_items=False,
 ):
     """Returns the Facts of the target rubric: what the candidates missed, got wrong or invented.
 
@@ -96,8 +105,18 @@ def rubric_facts(
     attribute_items=False: no size or place items; a wrong colour is still charged, as the
     pair's presence item (`data.attribute_items`: a Judge that cannot check the attribute items
     is exploited through them; docs/results.md, sessions 8-9).
+    absent_shapes: one "does not mention a <shape>" item for every shape the scene lacks, written
+    from the image alone, so each invented object of a missing shape costs its item's weight in
+    every sampled caption, not only when a shown candidate invented it (an invented pair of a
+    missing shape then gets no pair item of its own: it would be charged twice).
+    count_items: one "mentions at most <n> <shape>s" item for every shape the scene has (n its
+    count), which a second mention of an object or a wrong colour of that shape fails, in every
+    sample. With absent_shapes every invented mention fails an item. Both kinds go after the
+    `only` item and before the deficiency items, and do not count against max_items (at most
+    5 more items: one per shape of the world).
     """
     pairs = {(o.shape, o.colour) for o in scene.objects}
+    missing = [s for s in tw.SHAPES if s not in {o.shape for o in scene.objects}]
     facts = []
     for caption in candidate_captions:
         mentions, background = tw.parse_caption(caption)
@@ -115,19 +134,30 @@ def rubric_facts(
         facts += [
             Fact("absent", tw.Mention(m.shape, m.colour))
             for m, k in zip(mentions, assignment)
-            if k is None and m.colour is not None and (m.shape, m.colour) not in pairs
+            if k is None
+            and m.colour is not None
+            and (m.shape, m.colour) not in pairs
+            and not (absent_shapes and m.shape in missing)
         ]
         if background != scene.background:
             facts.append(Fact("background", value=scene.background))
     facts = list(dict.fromkeys(facts))
-    if len(facts) < min_items:
+    counts = collections.Counter(o.shape for o in scene.objects)
+    shape_facts = [Fact("absent", tw.Mention(shape)) for shape in missing if absent_shapes] + [
+        Fact("at_most", tw.Mention(shape), value=COUNT_WORDS[n - 1])
+        for shape, n in counts.items()
+        if count_items
+    ]
+    if len(facts) + len(shape_facts) < min_items:
         fill = [Fact("present", tw.Mention(o.shape, o.colour)) for o in scene.objects]
         facts += [f for f in fill + [Fact("background", value=scene.background)] if f not in facts]
     order = {kind: rank for rank, kind in enumerate(("absent", "present", "attribute"))}
     facts.sort(key=lambda f: order.get(f.kind, 3))
     if only_item and scene.objects:
         facts = [only_fact(scene)] + facts
-    return facts[:max_items]
+    facts = facts[:max_items]
+    k = int(bool(only_item and scene.objects))  # the shape items go after the `only` item
+    return facts[:k] + shape_facts + facts[k:]
 
 
 def only_fact(scene):
@@ -156,8 +186,7 @@ def scene_sft_records(
     mix=(2, 1, 1),
     num_candidates=4,
     policy_drop=0.0,
-    only_item=False,
-    attribute_items=True,
+    **rubric,
 ):
     """Returns the SFT records of one scene: mix = (policy, generator, judge) record counts.
 
@@ -170,8 +199,8 @@ def scene_sft_records(
     Judge targets are exactly right by construction (computed from the parsed caption).
     policy_drop > 0: Policy targets leave out each object with that probability
     (`toyworld.terse_caption`), as captions that skip details; the roles keep full references.
-    only_item: every rubric starts with a "mentions only ..." item (`rubric_facts`);
-    attribute_items=False: rubrics hold no size or place items (`rubric_facts`).
+    rubric: `rubric_facts`'s options (`only_item`, `attribute_items`, `absent_shapes`; the keys
+    of RUBRIC_DEFAULTS), as `rubric_options(config.data)` gives them.
 
     Long because the three roles' records share per-scene state built in one pass: the references
     feed the Policy and Generator records, the first Generator rubric and its weak captions are what
@@ -193,7 +222,7 @@ def scene_sft_records(
         }
         for k in range(num_policy)
     ]
-    rubric = shown = None
+    judged_rubric = shown = None
     for g in range(max(1, num_generator)):
         subset = tw.weak_captions(scene, seed, num_candidates, salt=g)
         items = [
@@ -202,12 +231,11 @@ def scene_sft_records(
                 scene,
                 [c["caption"] for c in subset],
                 max_items=MAX_RUBRIC_ITEMS,
-                only_item=only_item,
-                attribute_items=attribute_items,
+                **rubric,
             )
         ]
-        if rubric is None:  # Judge records use the first rubric.
-            rubric, shown = items, subset
+        if judged_rubric is None:  # Judge records use the first rubric.
+            judged_rubric, shown = items, subset
         if g < num_generator:
             records.append(
                 {
@@ -224,7 +252,7 @@ def scene_sft_records(
     unseen = tw.weak_captions(scene, seed, num_candidates, salt=1000)
     pool = [(c["id"], c["caption"]) for c in shown + unseen[:2]]
     rng = _rng(seed, 3, scene)
-    facts = [parse_criterion(item.criterion) for item in rubric]
+    facts = [parse_criterion(item.criterion) for item in judged_rubric]
 
     def decide(caption):
         mentions, background = tw.parse_caption(caption)
@@ -246,7 +274,7 @@ def scene_sft_records(
                 "id": f"{scene.id}/judge{j}",
                 "role": "judge",
                 "scene_id": scene.id,
-                "rubric": [list(item) for item in rubric],
+                "rubric": [list(item) for item in judged_rubric],
                 "caption": caption,
                 "caption_id": caption_id,
                 "target": roles.format_decisions(decisions),
@@ -255,30 +283,29 @@ def scene_sft_records(
     return records
 
 
-def sft_records(
-    seed, num_scenes, mix=(2, 1, 1), start=0, policy_drop=0.0, only_item=False, attribute_items=True
-):
-    """Returns the SFT records of scenes start..start+num_scenes-1, grouped by scene."""
+def sft_records(seed, num_scenes, mix=(2, 1, 1), start=0, policy_drop=0.0, **rubric):
+    """Returns the SFT records of scenes start..start+num_scenes-1, grouped by scene (rubric:
+    `rubric_facts`'s options, as in `scene_sft_records`)."""
     return [
         record
         for scene in tw.make_scenes(seed, num_scenes, start)
-        for record in scene_sft_records(
-            scene,
-            seed,
-            mix,
-            policy_drop=policy_drop,
-            only_item=only_item,
-            attribute_items=attribute_items,
-        )
+        for record in scene_sft_records(scene, seed, mix, policy_drop=policy_drop, **rubric)
     ]
 
 
+# `rubric_facts`'s design options and their defaults: each is a `config.data` key of that name.
+RUBRIC_DEFAULTS = {
+    "only_item": False,
+    "attribute_items": True,
+    "absent_shapes": False,
+    "count_items": False,
+}
+
+
 def rubric_options(data):
-    """Returns the rubric keyword arguments (`only_item`, `attribute_items`) a config's `data`
-    block sets, for `rubric_facts`, `scene_sft_records`, `sft_records` and `ExactRoles`."""
-    return dict(
-        only_item=data.get("only_item", False), attribute_items=data.get("attribute_items", True)
-    )
+    """Returns the rubric keyword arguments (RUBRIC_DEFAULTS' keys) a config's `data` block
+    sets, for `rubric_facts`, `scene_sft_records`, `sft_records` and `ExactRoles`."""
+    return {key: data.get(key, default) for key, default in RUBRIC_DEFAULTS.items()}
 
 
 def balance_judge_items(examples, seed):
@@ -322,10 +349,9 @@ class ExactRoles:
     is the ceiling of the method on the toy world: RL with roles that make no mistakes.
     """
 
-    def __init__(self, scenes, only_item=False, attribute_items=True):
+    def __init__(self, scenes, **rubric):
         self.scenes = scenes  # {image id: Scene}
-        self.only_item = only_item  # rubrics start with a "mentions only ..." item
-        self.attribute_items = attribute_items  # False: no size or place items
+        self.rubric_options = rubric  # `rubric_facts`'s options (RUBRIC_DEFAULTS' keys)
 
     def rubric(self, image_id, shown_captions):
         """Returns the list[RubricItem] for the shown captions of one image."""
@@ -333,8 +359,7 @@ class ExactRoles:
             self.scenes[image_id],
             list(shown_captions),
             max_items=MAX_RUBRIC_ITEMS,
-            only_item=self.only_item,
-            attribute_items=self.attribute_items,
+            **self.rubric_options,
         )
         return [item_of(f) for f in facts]
 

@@ -9,8 +9,17 @@ import re
 from mocojax import roles
 from mocojax.data import toyworld as tw
 
-WEIGHTS = {"present": 3.0, "absent": 3.0, "attribute": 2.0, "background": 1.0, "only": 3.0}
+WEIGHTS = {
+    "present": 3.0,
+    "absent": 3.0,
+    "attribute": 2.0,
+    "background": 1.0,
+    "only": 3.0,
+    "at_most": 3.0,
+}
 ONLY_PREFIX = "mentions only"
+AT_MOST_PREFIX = "mentions at most"
+COUNT_WORDS = ("one", "two", "three", "four")  # the toy world has at most 4 objects
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,8 +27,10 @@ class Fact:
     """The meaning of one rubric criterion in this world.
 
     kind: present / absent (object = shape + colour, colour may be None for absent),
-    attribute (referent mention, attribute name, value), background (value) or only
-    (`allowed`: the scene's objects as Mention(shape, colour); the caption names nothing else).
+    attribute (referent mention, attribute name, value), background (value), only
+    (`allowed`: the scene's objects as Mention(shape, colour); the caption names nothing else)
+    or at_most (referent: a shape, value: a count word; the caption names no more objects of
+    that shape, whatever their colour).
     """
 
     kind: str
@@ -49,6 +60,13 @@ def item_of(fact):
     if fact.kind == "background":
         return roles.RubricItem(
             f"the background is {fact.value}", fact.value, WEIGHTS["background"]
+        )
+    if fact.kind == "at_most":
+        plural = "s" if fact.value != COUNT_WORDS[0] else ""
+        return roles.RubricItem(
+            f"{AT_MOST_PREFIX} {fact.value} {fact.referent.shape}{plural}",
+            "no more named",
+            WEIGHTS["at_most"],
         )
     if fact.kind == "only":
         nouns = [f"a {_referent_phrase(m)}" for m in fact.allowed]
@@ -81,6 +99,12 @@ def _phrase_form(fact):
 def parse_criterion(criterion):
     """Returns the Fact a criterion states in this world's language, or None if it states none."""
     text = " ".join(criterion.lower().split())
+    at_most = re.fullmatch(rf"{AT_MOST_PREFIX} ([a-z]+) ([a-z]+?)s?", text)
+    if at_most:
+        count, shape = at_most.groups()
+        if count not in COUNT_WORDS or shape not in tw.SHAPES:
+            return None
+        return Fact("at_most", tw.Mention(shape), value=count)
     if text.startswith(ONLY_PREFIX):
         mentions, background = tw.parse_caption(text[len(ONLY_PREFIX) :])
         allowed = tuple(tw.Mention(m.shape, m.colour) for m in mentions)
@@ -144,6 +168,12 @@ def judge_fact(fact, mentions, background):
     if fact.kind == "absent":
         named = any(_matches(m, fact.referent) for m in mentions)
         return roles.Decision(int(not named), "it is mentioned" if named else "it is not mentioned")
+    if fact.kind == "at_most":
+        named = sum(m.shape == fact.referent.shape for m in mentions)
+        limit = COUNT_WORDS.index(fact.value) + 1
+        return roles.Decision(
+            int(named <= limit), f"it names {named} {fact.referent.shape}" + "s" * (named != 1)
+        )
     if fact.kind == "only":
         invented = [m for m in mentions if not only_allows(fact, m)]
         if invented:

@@ -80,15 +80,14 @@ def evaluate(
     max_new_tokens,
     image_size=128,
     judge_per_item=False,
-    only_item=False,
-    attribute_items=True,
+    **rubric,
 ):
     """Returns toy-world quality metrics of params on scenes start..start+num_scenes-1 (seed `seed`).
 
     judge_per_item: the Judge is asked once per rubric item (`records.judge_items`), as a
     `data.judge_per_item` run trains it; its accuracies are then per item, not per record.
-    only_item, attribute_items: the held-out rubrics are written as a run with those `data`
-    settings trains the Generator to write (`toyroles.rubric_facts`).
+    rubric: `toyroles.rubric_facts`'s options (`toyroles.RUBRIC_DEFAULTS`' keys): the held-out
+    rubrics are written as a run with those `data` settings trains the Generator to write.
 
     Long because it is one pass from generation to the metrics dict: each role's outputs are
     generated once, then Policy captions (with the image-blind baseline), Generator rubrics (with
@@ -104,11 +103,7 @@ def evaluate(
     """
     scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}
     examples = [
-        r
-        for s in scenes.values()
-        for r in toyroles.scene_sft_records(
-            s, seed, EVAL_MIX, only_item=only_item, attribute_items=attribute_items
-        )
+        r for s in scenes.values() for r in toyroles.scene_sft_records(s, seed, EVAL_MIX, **rubric)
     ]
     examples = _asked_as(examples, judge_per_item)
     by_role = {role: [e for e in examples if e["role"] == role] for role in records_lib.ROLES}
@@ -313,20 +308,17 @@ def judge_gate(
     batch_size,
     max_new_tokens,
     judge_per_item=False,
-    only_item=False,
-    attribute_items=True,
+    **rubric,
 ):
     """Returns the Judge's {"balanced_accuracy_within_kind", "balanced_accuracy_worst_kind",
     "balanced_accuracy", "accuracy",
     "accuracy_always_1", "num_items"}
     on held-out RL-like captions (the Judge records of scenes start..start+num_scenes-1),
-    asked once per item when judge_per_item (only_item, attribute_items: as `evaluate`)."""
+    asked once per item when judge_per_item (rubric: as `evaluate`)."""
     examples = [
         r
         for s in tw.make_scenes(seed, num_scenes, start)
-        for r in toyroles.scene_sft_records(
-            s, seed, (0, 0, 2), only_item=only_item, attribute_items=attribute_items
-        )
+        for r in toyroles.scene_sft_records(s, seed, (0, 0, 2), **rubric)
     ]
     examples = _asked_as(examples, judge_per_item)
     outputs = generate_texts(
