@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from mocojax import hf, model, processing, sharding
-from mocojax.data import records as records_lib, toybase, toypairs, toyroles
+from mocojax.data import records as records_lib, toybase, toypairs, toyroles, toyworld as tw
 from mocojax.train import rl_config
 
 DATA_SOURCES = ("toyworld", "jsonl")
@@ -392,6 +392,45 @@ def _round_up(n, multiple):
     return -(-n // multiple) * multiple
 
 
+def _learned_roles(config):
+    """Returns the roles a model learns or plays in the config's stages (toy-world role data):
+    role SFT records in data.mix, or an RL rubric role that is not the exact one."""
+    if config.data.source != "toyworld" or config.data.get("tasks", "roles") != "roles":
+        return ()
+    out = set()
+    mix = tuple(config.data.mix)
+    if "sft" in config.stages:
+        out |= {role for role, n in zip(("generator", "judge"), mix[1:]) if n}
+    if "rl" in config.stages and config.rl.get("reward", "rubric") == "rubric":
+        out |= {role for role in ("generator", "judge") if config.rl.get(role) != "exact"}
+    return tuple(sorted(out))
+
+
+def check_rubric_vocabulary(config, tokenizer, tokenizer_path):
+    """Raises ValueError when a model must write or read rubric items (`_learned_roles`) whose
+    words the tokenizer maps to its unknown token: such items could be neither written nor read,
+    and the run would train on "<unk>" silently. Today: `data.count_items` ("mentions at most
+    two circles": the toy tokenizer has no " most" or plural shapes)."""
+    roles_learned = _learned_roles(config)
+    if not roles_learned or not config.data.get("count_items", False):
+        return
+    unk = tokenizer.unk_token_id
+    criteria = [
+        toyroles.item_of(toyroles.Fact("at_most", tw.Mention(shape), value=n)).criterion
+        for shape in tw.SHAPES
+        for n in toyroles.COUNT_WORDS[:2]
+    ]
+    unread = [c for c in criteria if unk is not None and unk in tokenizer(c)["input_ids"]]
+    if unread:
+        raise ValueError(
+            f"config.data.count_items=True: the tokenizer {tokenizer_path} cannot spell "
+            f"{len(unread)} count items (e.g. {unread[0]!r} has an unknown word), yet the "
+            f"{' and the '.join(roles_learned)} would be learned or played by the model; use count "
+            "items with the exact roles (rl.generator=rl.judge='exact', Policy-only SFT "
+            "data.mix=(1,0,0)) or a data.tokenizer that has their words"
+        )
+
+
 def build_setup(config, workdir):
     """Returns the Setup: the toy world builds its tokenizer into <workdir>/tokenizer."""
     data = config.data
@@ -405,6 +444,7 @@ def build_setup(config, workdir):
             os.path.join(workdir, "tokenizer"), pair_tokens=pair_tokens
         )
     tokenizer = processing.load_tokenizer(tokenizer_path)
+    check_rubric_vocabulary(config, tokenizer, tokenizer_path)
     processor = processing.Processor(
         tokenizer,
         min_pixels=data.min_pixels,

@@ -55,6 +55,20 @@ def test_bad_config_value_fails_before_any_work_naming_the_key(
     assert not (tmp_path / "run").exists()
 
 
+def test_count_items_refused_where_a_model_must_spell_them(tmp_path):
+    """data.count_items with a learned Generator or Judge stops at set-up naming the key (the toy
+    tokenizer has no " most" or plural shapes); with the exact roles and Policy-only SFT the
+    same rubric options set up."""
+    config = toyworld.get_config("tiny")
+    config.data.count_items = True
+    with pytest.raises(ValueError, match=r"data.count_items=True: .*generator and the judge"):
+        config_utils.build_setup(config, str(tmp_path / "learned"))
+    config.data.mix = (1, 0, 0)
+    config.rl.generator = config.rl.judge = "exact"
+    setup = config_utils.build_setup(config, str(tmp_path / "exact"))
+    assert setup.processor is not None
+
+
 def test_toy_world_evals_on_user_data_fail_naming_the_key(tmp_path):
     config = toyworld.get_config("tiny")
     config.data.source, config.data.train_path = "jsonl", str(tmp_path / "train.jsonl")

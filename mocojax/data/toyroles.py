@@ -1,12 +1,13 @@
 """The toy world's rubrics, Judge truth, SFT records for all three roles, and its tokenizer.
 
-Rubric criteria are written in five templates that `parse_criterion` reads back, so any
+Rubric criteria are written in seven templates that `parse_criterion` reads back, so any
 rubric (written by us or by a model) can be checked against the scene, and any Judge
 decision against the caption:
 
   mentions a red circle                      (present; weight 3 when a candidate missed it)
   does not mention a green star              (absent; weight 3 against an invented object)
   does not mention a star                    (absent, a shape the scene lacks: `absent_shapes`)
+  mentions at most one circle                (at_most, a shape's count: `count_items`; weight 3)
   mentions a small red circle                (attribute: size, or "... at the top left":
                                              position; weight 2 when one was wrong/missing)
   the background is white                    (detail; weight 1)
