@@ -242,6 +242,12 @@ def test_absent_shape_items_charge_every_invented_shape():
         "does not mention a triangle", "not named", 3.0
     )
     assert all(toyroles.fact_is_true(SCENE, f) for f in facts)
+    items = [toyroles.item_of(f) for f in facts]
+    # the Judge's counts keep the word lookups apart from the pair items; "1" to all four on a
+    # caption naming a star: the star item is a false positive
+    by_kind = toyroles.judge_confusion(items, "A red star.", [1, 1, 1, 1], by_kind=True)
+    assert by_kind["absent_shape"] == {"tp": 2, "fn": 0, "tn": 0, "fp": 1, "unreadable": 0}
+    assert by_kind["present"] == {"tp": 0, "fn": 0, "tn": 0, "fp": 1, "unreadable": 0}
     complete = "A large red circle at the top left and a small blue square in the center."
     star = complete[:-1] + " and a big green star."
     two = complete[:-1] + ", a purple diamond and a yellow triangle."

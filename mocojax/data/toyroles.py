@@ -49,6 +49,7 @@ from mocojax.data.toyroles_facts import (  # noqa: F401
     only_allows,
     parse_criterion,
     pooled_confusion,
+    report_kind,
     rubric_truth_rate,
 )
 
@@ -324,7 +325,7 @@ def balance_judge_items(examples, seed):
     def key(example):
         fact = parse_criterion(example["item"][0])
         (decision,), _ = roles.parse_decisions(example["target"], 1)
-        return (fact.kind if fact else None, decision.value)
+        return (report_kind(fact) if fact else None, decision.value)
 
     keys = [
         key(e) if e["role"] == "judge" and "item" in e else None for e in examples

@@ -233,18 +233,30 @@ def _no_decisions():
     return dict(tp=0, fn=0, tn=0, fp=0, unreadable=0)
 
 
+def report_kind(fact):
+    """Returns the kind a fact's Judge decisions are counted under: its kind, except that a
+    colourless absent item (`absent_shapes`: "does not mention a star", a word lookup) is
+    "absent_shape", apart from the pair absent items (which bind a colour to a shape)."""
+    if fact.kind == "absent" and fact.referent.colour is None:
+        return "absent_shape"
+    return fact.kind
+
+
 def judge_confusion(rubric_items, caption, decisions, by_kind=False):
     """Returns counts {"tp", "fn", "tn", "fp", "unreadable"} of a Judge's decisions on one caption.
 
     Positive = the caption truly meets the item. With these, `balanced_accuracy` is the mean
     of the true-positive and true-negative rates, which an always-"1" Judge scores 0.5 on.
-    by_kind=True: {fact kind (present / absent / attribute / background, "unreadable"): counts}.
+    by_kind=True: {`report_kind` (present / absent / absent_shape / at_most / attribute /
+    background / only, "unreadable"): counts}.
     """
     mentions, background = tw.parse_caption(caption)
     counts = {}
     for item, decision in zip(rubric_items, decisions):
         fact = parse_criterion(item.criterion)
-        bucket = counts.setdefault("unreadable" if fact is None else fact.kind, _no_decisions())
+        bucket = counts.setdefault(
+            "unreadable" if fact is None else report_kind(fact), _no_decisions()
+        )
         if fact is None:
             bucket["unreadable"] += 1
             continue
