@@ -8,6 +8,7 @@ import os
 import jax
 import numpy as np
 import pytest
+from acecap_helpers import transcript
 
 from mocojax import acecap, acecap_loop, config_utils, loop_grpo, roles, sampling
 from mocojax.data import toyworld as tw
@@ -92,24 +93,11 @@ def test_leave_one_out_texts_by_hand():
     assert acecap_loop.leave_one_out_texts(c0, [], []) == []
 
 
-def _transcript(c0, replies, answers, final):
-    """A Composer conversation built by hand: replies[t] answered by answers[t] while there are
-    answers; a trailing reply is the READY."""
-    messages = roles.composer_messages(c0)
-    for t, reply in enumerate(replies):
-        messages.append(roles.composer_reply(reply))
-        if t < len(answers):
-            messages.append(roles.observation_message(answers[t]))
-    questions = [acecap_loop.parse_action(r).question for r in replies[: len(answers)]]
-    evidence = acecap_loop.serialise_evidence(c0, questions, answers)
-    return messages + [roles.final_message(evidence), roles.composer_reply(final)]
-
-
 def test_span_layout_of_a_ready_and_a_forced_rollout(processor):
     c0 = "A red circle."
     # Rollout 0 asks one question, then says READY; rollout 1 asks K = 2 and is finalised by force.
-    ready = _transcript(c0, ["ASK: How many objects?", "READY"], ["2"], "Two circles.")
-    forced = _transcript(
+    ready = transcript(c0, ["ASK: How many objects?", "READY"], ["2"], "Two circles.")
+    forced = transcript(
         c0, ["ASK: Where is it?", "ASK: Is it large?"], ["top left", "yes"], "A large circle."
     )
     rollouts = acecap_loop.EvidenceRollouts(

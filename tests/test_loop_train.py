@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from acecap_helpers import transcript
 
-from mocojax import acecap_loop, config_utils, loop_grpo, model, roles
+from mocojax import acecap_loop, config_utils, loop_grpo, model
 from mocojax.data import toyworld as tw
 from mocojax.train import loop_train, state as state_lib
 
@@ -23,19 +24,6 @@ C0 = "A red circle."
 # a green square?): c_0 states count, colour and presence, not size or place: (1 - 0.5 - 0.5 -
 # 0.5 + 1 + 1) / 6 = 0.25; with "It is at the top left." colour-at-place and place too: 4.5 / 6.
 R0, R_PLACE = 0.25, 0.75
-
-
-def _transcript(c0, replies, answers, final):
-    """A Composer conversation by hand: replies[t] answered by answers[t] while there are answers;
-    a trailing reply is the READY."""
-    messages = roles.composer_messages(c0)
-    for t, reply in enumerate(replies):
-        messages.append(roles.composer_reply(reply))
-        if t < len(answers):
-            messages.append(roles.observation_message(answers[t]))
-    questions = [acecap_loop.parse_action(r).question for r in replies[: len(answers)]]
-    evidence = acecap_loop.serialise_evidence(c0, questions, answers)
-    return messages + [roles.final_message(evidence), roles.composer_reply(final)]
 
 
 def _rollouts():
@@ -55,7 +43,7 @@ def _rollouts():
         asked=np.array([[True, False], [False, False], [False, False], [False, False]]),
         stopped=np.ones(4, bool),
         unparseable=np.zeros(4, bool),
-        transcripts=[_transcript(C0, *row) for row in rows],
+        transcripts=[transcript(C0, *row) for row in rows],
     )
 
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mocojax import acecap, acecap_loop, loop_grpo, losses, model
+from mocojax import acecap, acecap_loop, loop_grpo, losses
 from mocojax.train import rl_update, sft, step as step_lib
 
 
@@ -154,21 +154,6 @@ def loop_batch(cfg, processor, rollouts, advantages, num_micro=1):
     return batch
 
 
-def span_logprobs(cfg, params, micro):
-    """Returns log pi(input token i | tokens < i) float32 [b, L - 1] of one text micro-batch."""
-    _, aux = model.apply(
-        cfg,
-        params,
-        micro["input_ids"],
-        micro["attention_mask"],
-        micro["positions"],
-        micro["pixel_values"].astype(jnp.dtype(cfg.dtype)),
-        micro["vision"],
-        return_hidden=True,
-    )
-    return model.target_logprobs(cfg, params, aux["hidden"][:, :-1], micro["input_ids"][:, 1:])
-
-
 _METRIC_KEYS = ("pg_loss", "clip_frac_low", "clip_frac_high", "ratio_mean")
 
 
@@ -182,7 +167,7 @@ def loop_step(cfg, optimizer, loss_kwargs, state, batch):
     """
 
     def micro_loss(params, micro):
-        logprobs = span_logprobs(cfg, params, micro)
+        logprobs = sft.next_token_logprobs(cfg, params, micro)
         loss, metrics = loop_grpo.loop_loss(
             logprobs,
             jax.lax.stop_gradient(logprobs),

@@ -153,23 +153,28 @@ def micro_batches(cfg, batch, num_micro, max_patches=None, pack=False, pack_row_
     return step_lib.stack(parts)
 
 
-def batch_nll(cfg, params, micro):
-    """Returns (nll_sum, token_count, role_nll_sums [R], role_token_counts [R]) of one micro-batch."""
-    pixel_values = micro["pixel_values"].astype(jnp.dtype(cfg.dtype))
+def next_token_logprobs(cfg, params, micro):
+    """Returns log p(input_ids[:, t + 1] | tokens <= t) float32 [b, L - 1] of one micro-batch
+    (`micro_batches`' layout): hidden[:, t] predicts input_ids[:, t + 1]; the log-softmax runs
+    cfg.logits_chunk positions at a time (model.target_logprobs)."""
     _, aux = model.apply(
         cfg,
         params,
         micro["input_ids"],
         micro["attention_mask"],
         micro["positions"],
-        pixel_values,
+        micro["pixel_values"].astype(jnp.dtype(cfg.dtype)),
         micro["vision"],
         return_hidden=True,
     )
-    # hidden[:, t] predicts input_ids[:, t + 1]; loss_mask marks target tokens of input_ids. The
-    # log-softmax runs cfg.logits_chunk positions at a time (model.target_logprobs).
-    targets, mask = micro["input_ids"][:, 1:], micro["loss_mask"][:, 1:]
-    logprobs = model.target_logprobs(cfg, params, aux["hidden"][:, :-1], targets)
+    return model.target_logprobs(cfg, params, aux["hidden"][:, :-1], micro["input_ids"][:, 1:])
+
+
+def batch_nll(cfg, params, micro):
+    """Returns (nll_sum, token_count, role_nll_sums [R], role_token_counts [R]) of one micro-batch."""
+    # loss_mask marks target tokens of input_ids; logprobs [:, t] is that of input_ids[:, t + 1].
+    mask = micro["loss_mask"][:, 1:]
+    logprobs = next_token_logprobs(cfg, params, micro)
     # The mixed loss's sums are the per-role sums added up (one log-softmax, not two).
     role = micro["role"] if micro["role"].ndim == 1 else micro["role"][:, 1:]  # packed: per token
     role_nll, role_tokens = losses.per_group_sums(-logprobs, mask, role, NUM_ROLES)
