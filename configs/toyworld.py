@@ -82,7 +82,9 @@ def get_config(arg=""):
     # item on two captions that differ only where the item looks (data/toypairs.py).
     config.data.judge_pairs = False
     # the per-item Judge's question: "rubric" (the role prompt, roles.judge_item_messages) or
-    # "check" ("Caption: ...\nCheck: <criterion>" -> yes / no: the toy base's `truth` task form)
+    # "check" ("Caption: ...\nCheck: <criterion>" -> yes / no: the toy base's `truth` task form);
+    # "echo" / "reason": the check question, the reply restating the criterion (then the
+    # rationale) before yes / no (roles.format_check)
     config.data.judge_item_form = "rubric"
     config.data.image_size = IMAGE_SIZE
     # Fixed 96x96 images (the default min_pixels would upscale them to 256x256 = 64 tokens).

@@ -12,7 +12,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from mocojax import hf, model, processing, sharding
+from mocojax import hf, model, processing, roles, sharding
 from mocojax.data import records as records_lib, toybase, toypairs, toyroles, toyworld as tw
 from mocojax.train import rl_config
 
@@ -205,9 +205,14 @@ def validate(config, stages):
         _check(
             config,
             "data.judge_item_form",
-            lambda v: v == "rubric" or (v == "check" and config.data.get("judge_per_item")),
-            "must be 'rubric', or 'check' with data.judge_per_item=True (the per-item Judge "
-            "asked 'Check: <criterion>' and answering yes / no)",
+            lambda v: (
+                v == "rubric"
+                or (v in roles.JUDGE_ITEM_FORMS[1:] and config.data.get("judge_per_item"))
+            ),
+            "must be 'rubric', or 'check' / 'echo' / 'reason' / 'lead' with "
+            "data.judge_per_item=True (the per-item Judge asked 'Check: <criterion>' and "
+            "answering yes / no; after restating the criterion; after the criterion and a "
+            "rationale; asked with the criterion before the caption)",
         )
     for key in toyroles.RUBRIC_DEFAULTS:
         if key in config.data:
@@ -435,13 +440,15 @@ def build_setup(config, workdir):
     """Returns the Setup: the toy world builds its tokenizer into <workdir>/tokenizer."""
     data = config.data
     pair_tokens = data.get("pair_tokens", False)
+    # count items ("mentions at most two circles") need words the shipped tokenizer lacks
+    count_tokens = data.get("count_items", False)
     if data.tokenizer:
         tokenizer_path = data.tokenizer
-    elif config.model.init_from and not pair_tokens:
+    elif config.model.init_from and not (pair_tokens or count_tokens):
         tokenizer_path = config.model.init_from
     else:
         tokenizer_path = toyroles.build_tokenizer(
-            os.path.join(workdir, "tokenizer"), pair_tokens=pair_tokens
+            os.path.join(workdir, "tokenizer"), pair_tokens=pair_tokens, count_tokens=count_tokens
         )
     tokenizer = processing.load_tokenizer(tokenizer_path)
     check_rubric_vocabulary(config, tokenizer, tokenizer_path)
@@ -465,6 +472,7 @@ def build_setup(config, workdir):
                 f"the tokenizer {tokenizer_path} has {len(tokenizer)} tokens but the model "
                 f"{config.model.init_from} has {cfg.text.vocab_size} embedding rows"
                 + (" (data.pair_tokens adds 30 tokens to the toy tokenizer)" if pair_tokens else "")
+                + (" (data.count_items adds 7)" if count_tokens else "")
             )
 
         def load_params(place=None):
@@ -531,8 +539,9 @@ def sft_examples(config, processor=None):
         elif data.source == "toyworld":  # no item kind may be answered by its usual label
             train = toyroles.balance_judge_items(train, data.seed)
             held_out = toyroles.balance_judge_items(held_out, data.seed)
-        if records_lib.judge_item_form(data) == "check":
-            train, held_out = records_lib.check_form(train), records_lib.check_form(held_out)
+        form = records_lib.judge_item_form(data)
+        if form != "rubric":
+            train, held_out = (records_lib.check_form(x, form) for x in (train, held_out))
     return train, held_out
 
 

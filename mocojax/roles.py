@@ -133,8 +133,20 @@ def judge_item_messages(item, caption):
 # The per-item Judge's `check` form (config `data.judge_item_form="check"`): the caption, then
 # "Check: <criterion>", answered "yes" or "no" -- the question form of the toy base's `truth`
 # task (mocojax/data/toybase.py), so the Judge role starts from a skill its base was taught.
+# The `echo` form (config `data.judge_item_form="echo"`) asks the same question; its reply restates
+# the criterion, then says yes or no: the decision is read where the criterion's last word (the
+# shape, the colour-shape pair, the background colour) is the current token, so one attention
+# layer can match it against the caption instead of first fetching the item from the prompt.
+# The `reason` form (`data.judge_item_form="reason"`) restates the criterion, then gives the
+# rationale, then yes / no: the rationale says whether the caption names the item's object ("it
+# is named", "it is not mentioned", "it names 2 circles") -- one lookup with the same polarity for
+# "mentions a ..." and "does not mention a ..." items, whose decisions are opposite.
+# The `lead` form (`data.judge_item_form="lead"`) puts the criterion before the caption
+# (``Check: <criterion>`` then ``Caption: <caption>``), answered yes / no: every caption word can
+# then be compared with the one criterion read before it, instead of the last position searching
+# the caption for the criterion's word.
 JUDGE_CHECK_PROMPT = "Check:"
-JUDGE_ITEM_FORMS = ("rubric", "check")
+JUDGE_ITEM_FORMS = ("rubric", "check", "echo", "reason", "lead")
 
 
 def check_question(caption, criterion):
@@ -142,41 +154,65 @@ def check_question(caption, criterion):
     return f"Caption: {caption}\n{JUDGE_CHECK_PROMPT} {criterion}"
 
 
-def judge_check_messages(item, caption):
-    """Returns a one-item Judge conversation in the `check` form (`check_question`); the reply
-    is ``yes`` or ``no`` (`parse_item_reply`)."""
+def judge_check_messages(item, caption, lead=False):
+    """Returns a one-item Judge conversation in the `check` form (`check_question`; lead: the
+    criterion line first, then the caption line); the reply is ``yes`` or ``no``
+    (`parse_item_reply`)."""
+    if lead:
+        return [_text_message("user", f"{JUDGE_CHECK_PROMPT} {item.criterion}\nCaption: {caption}")]
     return [_text_message("user", check_question(caption, item.criterion))]
 
 
 def judge_item_prompt(item, caption, form="rubric"):
     """Returns the per-item Judge conversation in `form` ("rubric": `judge_item_messages`,
-    "check": `judge_check_messages`)."""
+    "check", "echo", "reason" and "lead": `judge_check_messages`)."""
     if form not in JUDGE_ITEM_FORMS:
         raise ValueError(f"unknown per-item Judge form {form!r}; known: {JUDGE_ITEM_FORMS}")
-    return (
-        judge_check_messages(item, caption)
-        if form == "check"
-        else judge_item_messages(item, caption)
-    )
+    if form == "rubric":
+        return judge_item_messages(item, caption)
+    return judge_check_messages(item, caption, lead=form == "lead")
 
 
-def format_check(decision):
-    """Returns the `check` form's reply to one item: "yes" when met, else "no"."""
-    return "yes" if decision.value else "no"
+def format_check(decision, criterion=None, form="check"):
+    """Returns the per-item Judge's reply in `form`: "check": "yes" when met, else "no";
+    "echo": the criterion, then "yes" / "no"; "reason": ``<criterion> | <rationale> | yes``."""
+    answer = "yes" if decision.value else "no"
+    if form in ("check", "lead"):
+        return answer
+    if form == "echo":
+        return f"{criterion} {answer}"
+    return f"{criterion} | {decision.rationale} | {answer}"
 
 
-def parse_item_reply(text, form="rubric"):
+def parse_item_reply(text, form="rubric", criterion=None):
     """Returns ([Decision], problems) read from a per-item Judge reply in `form`, as
-    `parse_decisions(text, 1)` does for the rubric form; a `check` reply whose first word is
-    neither yes nor no (nor 1/0, true/false ...) counts as 0 and is reported."""
-    if form != "check":
+    `parse_decisions(text, 1)` does for the rubric form. A `check` reply whose first word (an
+    `echo` reply whose last word) is neither yes nor no (nor 1/0, true/false ...) counts as 0
+    and is reported; an `echo` / `reason` reply that restates another criterion than
+    `criterion` (when given) keeps its decision and is reported. `reason` replies are read as
+    ``restated | rationale | yes`` (the last field decides)."""
+    if form == "rubric":
         return parse_decisions(text, 1)
     if not isinstance(text, str):
         return [Decision(0, "")], [f"decisions are not text: {type(text).__name__}"]
-    value = _parse_value(text)
-    if value is None:
-        return [Decision(0, "")], [f"unreadable check reply {text[:40]!r}, counted as 0"]
-    return [Decision(value, "")], []
+    if form in ("check", "lead"):
+        value = _parse_value(text)
+    elif form == "echo":
+        restated, _, last = text.strip().rpartition(" ")
+        value = _parse_value(last)
+    else:
+        fields = [f.strip() for f in text.split("|")]
+        restated, rationale, value = fields[0], " ".join(fields[1:-1]), _parse_value(fields[-1])
+    if value is None or (form == "reason" and len(fields) < 3):
+        return [Decision(0, "")], [f"unreadable {form} reply {text[:40]!r}, counted as 0"]
+    problems = []
+    if (
+        form in ("echo", "reason")
+        and criterion is not None
+        and " ".join(restated.split()) != " ".join(criterion.split())
+    ):
+        problems.append(f"{form} reply restates {restated[:40]!r}, not the item {criterion[:40]!r}")
+    return [Decision(value, rationale if form == "reason" else "")], problems
 
 
 def _format_weight(weight):

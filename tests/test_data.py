@@ -333,6 +333,54 @@ def test_check_form_asks_the_base_truth_question_and_answers_yes_or_no():
         config_utils.validate(config, main.STAGES)
 
 
+def test_echo_and_reason_forms_restate_the_criterion_before_yes_or_no():
+    """data.judge_item_form="echo": the check question, the target the criterion then yes / no
+    ("reason": the criterion, the rationale, then yes / no);
+    the reply's last word is the decision, a reply restating another item keeps its decision and
+    is reported, an unreadable last word counts 0; the form needs the per-item Judge."""
+    judge = dict(JUDGE_EXAMPLE)
+    echoed = records.check_form(records.judge_items([judge]), "echo")
+    assert [e["target"] for e in echoed] == [
+        "mentions a red circle yes",
+        "the background is white no",
+    ]
+    assert all(e["item_form"] == "echo" for e in echoed)
+    messages = records.conversation(echoed[1], None)
+    assert messages == [
+        {"role": "user", "content": [{"type": "text", "text": "Caption: a red circle on a black background\nCheck: the background is white"}]},
+        {"role": "assistant", "content": "the background is white no"},
+    ]  # fmt: skip
+    criterion = "mentions a red circle"
+    assert roles.parse_item_reply("mentions a red circle yes", "echo", criterion) == (
+        [roles.Decision(1, "")],
+        [],
+    )
+    decisions, problems = roles.parse_item_reply("mentions a blue star no", "echo", criterion)
+    assert decisions == [roles.Decision(0, "")] and "restates 'mentions a blue star'" in problems[0]
+    decisions, problems = roles.parse_item_reply("mentions a red circle", "echo", criterion)
+    assert decisions == [roles.Decision(0, "")] and "unreadable" in problems[0]
+    with pytest.raises(ValueError, match="form must be one of"):
+        records.check_form([judge], "lines")
+    # reason: the criterion, the rubric line's rationale, then the decision
+    reasoned = records.check_form(records.judge_items([judge]), "reason")
+    assert [e["target"] for e in reasoned] == [
+        "mentions a red circle | it is named | yes",
+        "the background is white | it is called black | no",
+    ]
+    assert roles.parse_item_reply(reasoned[1]["target"], "reason", "the background is white") == (
+        [roles.Decision(0, "it is called black")],
+        [],
+    )
+    decisions, problems = roles.parse_item_reply("mentions a red circle | yes", "reason")
+    assert decisions == [roles.Decision(0, "")] and "unreadable" in problems[0]
+    config = toyworld_config.get_config()
+    config.data.judge_item_form = "echo"
+    with pytest.raises(ValueError, match="judge_item_form"):
+        config_utils.validate(config, main.STAGES)
+    config.data.judge_per_item = True
+    config_utils.validate(config, main.STAGES)
+
+
 def test_toy_judge_per_item_examples_keep_the_toy_labels():
     examples = [e for e in toyroles.sft_records(seed=1, num_scenes=20) if e["role"] == "judge"]
     split = records.judge_items(examples)

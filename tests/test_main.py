@@ -12,7 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from mocojax import checkpoint, config_utils, main, workdir_lock
+from mocojax import checkpoint, config_utils, main, processing, workdir_lock
+from mocojax.data import toyroles
 from mocojax.train import rl_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,12 +56,24 @@ def test_bad_config_value_fails_before_any_work_naming_the_key(
     assert not (tmp_path / "run").exists()
 
 
-def test_count_items_refused_where_a_model_must_spell_them(tmp_path):
-    """data.count_items with a learned Generator or Judge stops at set-up naming the key (the toy
-    tokenizer has no " most" or plural shapes); with the exact roles and Policy-only SFT the
-    same rubric options set up."""
+def test_count_items_get_their_words_or_are_refused_where_a_model_must_spell_them(tmp_path):
+    """data.count_items builds the toy tokenizer with the count words (" most", plural shapes)
+    appended after the shipped base's ids, which do not move; a given tokenizer without them stops
+    at set-up naming the key when a learned Generator or Judge must spell them, and sets up with
+    the exact roles and Policy-only SFT."""
     config = toyworld.get_config("tiny")
     config.data.count_items = True
+    setup = config_utils.build_setup(config, str(tmp_path / "built"))
+    tokenizer = setup.processor.tokenizer
+    shipped = processing.load_tokenizer(toyworld.BASE_DIR)
+    assert len(tokenizer) == len(shipped) + len(toyroles.COUNT_TOKENS)
+    assert {t: i for t, i in tokenizer.get_vocab().items() if i < len(shipped)} == dict(
+        shipped.get_vocab()
+    )
+    ids = tokenizer("mentions at most two circles")["input_ids"]
+    assert tokenizer.unk_token_id not in ids and len(ids) == 5
+    assert tokenizer.decode(ids) == "mentions at most two circles"
+    config.data.tokenizer = toyworld.BASE_DIR  # the shipped tokenizer: no " most"
     with pytest.raises(ValueError, match=r"data.count_items=True: .*generator and the judge"):
         config_utils.build_setup(config, str(tmp_path / "learned"))
     config.data.mix = (1, 0, 0)

@@ -308,7 +308,7 @@ def test_exact_roles_by_hand():
     assert exact.decisions([rubric[0]._replace(criterion="is pretty")], invented) == [0]
 
 
-@pytest.mark.parametrize("form", ["rubric", "check"])
+@pytest.mark.parametrize("form", ["rubric", "check", "reason", "lead"])
 def test_per_item_judge_asks_one_item_per_row_in_rl(tmp_path, monkeypatch, form):
     """data.judge_per_item: the real Judge (random weights) is asked once per (caption, item),
     every question in one batch, in the data.judge_item_form's words; each caption gets one
@@ -342,7 +342,11 @@ def test_per_item_judge_asks_one_item_per_row_in_rl(tmp_path, monkeypatch, form)
         assert all(t.count("\n1 | ") == 1 and "\n2 | " not in t for t in texts)
         assert texts[0].endswith("Rubric:\n1 | mentions a red circle | a red circle must be named")
         assert texts[1].endswith("Rubric:\n1 | the background is white | it must be called white")
-    else:  # the toy base's truth question, nothing of the rubric form
+    elif form == "lead":  # the criterion line first, then the caption
+        assert all(t.startswith("Check: ") and "\nCaption: " in t for t in texts)
+        assert texts[0].startswith("Check: mentions a red circle\nCaption: ")
+        assert texts[1].startswith("Check: the background is white\nCaption: ")
+    else:  # the toy base's truth question (the same for the reason form), nothing of the rubric
         assert all(t.startswith("Caption: ") and "Rubric:" not in t for t in texts)
         assert texts[0].endswith("\nCheck: mentions a red circle")
         assert texts[1].endswith("\nCheck: the background is white")

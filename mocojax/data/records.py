@@ -402,26 +402,35 @@ def judge_items(examples):
 
 def judge_item_form(data):
     """Returns how a data config asks the Judge: False (one call per caption, the whole rubric)
-    or the per-item form, "rubric" or "check" (data.judge_per_item, data.judge_item_form)."""
+    or the per-item form, one of roles.JUDGE_ITEM_FORMS (data.judge_per_item,
+    data.judge_item_form)."""
     if not data.get("judge_per_item", False):
         return False
     return data.get("judge_item_form", "rubric")
 
 
-def check_form(examples):
+def check_form(examples, form="check"):
     """Returns the examples with each per-item Judge example (`judge_items`) in the `check`
     form (config `data.judge_item_form="check"`, `roles.judge_check_messages`): the same item
     and caption, the target "yes" / "no" for the decision its rubric-line target holds, and
-    "item_form": "check". Other examples pass through unchanged."""
+    "item_form": "check"; form="echo": the target restates the criterion before yes / no,
+    form="reason": the criterion, the rationale its rubric line holds, then yes / no
+    (`roles.format_check`); form="lead": the criterion before the caption, yes / no;
+    "item_form": the form. Other examples pass through unchanged."""
+    if form not in roles.JUDGE_ITEM_FORMS[1:]:
+        raise ValueError(
+            f"check_form: form must be one of {roles.JUDGE_ITEM_FORMS[1:]}, got {form!r}"
+        )
     out = []
     for example in examples:
         if example["role"] != "judge" or "item" not in example or "target" not in example:
-            out.append(dict(example, item_form="check") if "item" in example else example)
+            out.append(dict(example, item_form=form) if "item" in example else example)
             continue
         (decision,), problems = roles.parse_decisions(example["target"], 1)
         if problems:
             raise ValueError(f"Judge example {example['id']}: {'; '.join(problems)}")
-        out.append(dict(example, item_form="check", target=roles.format_check(decision)))
+        target = roles.format_check(decision, example["item"][0], form)
+        out.append(dict(example, item_form=form, target=target))
     return out
 
 

@@ -397,6 +397,11 @@ PAIR_TOKENS = tuple(f" {colour} {shape}" for colour in tw.COLOURS for shape in t
 _PAIR_PATTERN = (
     rf" (?:{'|'.join(tw.COLOURS)}) (?:{'|'.join(tw.SHAPES)})(?![A-Za-z])|{_PRETOKEN_PATTERN}"
 )
+# Count tokens (`build_tokenizer(..., count_tokens=True)`, config `data.count_items`): the words
+# of the count items ("mentions at most two circles") that the shipped base's 642 tokens lack,
+# appended after the word (and pair) tokens, so every earlier id stays where it was. Their
+# embedding rows are the shipped base's unused ones, learned in role SFT.
+COUNT_TOKENS = (" most",) + tuple(f" {shape}s" for shape in tw.SHAPES)
 
 
 def _vocabulary_corpus():
@@ -431,9 +436,9 @@ def _vocabulary_corpus():
     return texts + toybase.vocabulary_texts()
 
 
-def build_vocabulary(pair_tokens=False):
+def build_vocabulary(pair_tokens=False, count_tokens=False):
     """Returns the token list: specials, <unk>, then every corpus piece with/without space and
-    case, then (pair_tokens) the PAIR_TOKENS."""
+    case, then (pair_tokens) the PAIR_TOKENS, then (count_tokens) the COUNT_TOKENS."""
     words = set()
     for text in _vocabulary_corpus():
         words.update(re.findall(r"[A-Za-z]+|[0-9]|[^\sA-Za-z0-9]", text))
@@ -442,19 +447,24 @@ def build_vocabulary(pair_tokens=False):
         for variant in {word, word.lower(), word.capitalize()}:
             pieces.update({variant, " " + variant})
     vocab = list(SPECIAL_TOKENS) + [UNK_TOKEN, "\n", " "] + sorted(pieces - {" ", "\n"})
-    return vocab + list(PAIR_TOKENS) if pair_tokens else vocab
+    return (
+        vocab
+        + list(PAIR_TOKENS if pair_tokens else ())
+        + list(COUNT_TOKENS if count_tokens else ())
+    )
 
 
-def build_tokenizer(out_dir, pair_tokens=False):
+def build_tokenizer(out_dir, pair_tokens=False, count_tokens=False):
     """Writes tokenizer.json + tokenizer_config.json to out_dir; returns out_dir.
 
     A word-level tokenizer with Qwen's special tokens, loadable with
     `transformers.AutoTokenizer.from_pretrained(out_dir)` and `processing.load_tokenizer`.
     pair_tokens: one more token per " <colour> <shape>" (PAIR_TOKENS), the same ids otherwise.
+    count_tokens: the count items' words (COUNT_TOKENS) after those, the same ids otherwise.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = build_vocabulary(pair_tokens)
+    vocab = build_vocabulary(pair_tokens, count_tokens)
     tokenizer = Tokenizer(
         models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token=UNK_TOKEN)
     )

@@ -237,11 +237,13 @@ def policy_judge_examples(generator_examples, policy_examples, captions):
 
 def _asked_as(examples, judge_per_item):
     """Returns the Judge examples as the Judge is asked: whole rubrics (judge_per_item False),
-    one per item (True / "rubric"), or one per item in the check form ("check")."""
+    one per item (True / "rubric"), or one per item in another per-item form (roles.JUDGE_ITEM_FORMS)."""
     if not judge_per_item:
         return examples
     examples = records_lib.judge_items(examples)
-    return records_lib.check_form(examples) if judge_per_item == "check" else examples
+    if judge_per_item in roles.JUDGE_ITEM_FORMS[1:]:
+        return records_lib.check_form(examples, judge_per_item)
+    return examples
 
 
 def _judge_scores(examples, outputs):
@@ -251,7 +253,7 @@ def _judge_scores(examples, outputs):
     for e, text in zip(examples, outputs):
         rubric = [roles.RubricItem(*item) for item in ([e["item"]] if "item" in e else e["rubric"])]
         if "item" in e:
-            decisions, _ = roles.parse_item_reply(text, e.get("item_form", "rubric"))
+            decisions, _ = roles.parse_item_reply(text, e.get("item_form", "rubric"), e["item"][0])
         else:
             decisions, _ = roles.parse_decisions(text, len(rubric))
         accuracy.append(toyroles.judge_accuracy(rubric, e["caption"], decisions)[0])

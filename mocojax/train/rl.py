@@ -147,7 +147,7 @@ class RubricSource:
     roles = ("generator", "judge")
 
     def __init__(self, scenes, judge_per_item=False):
-        # judge_per_item: False, or the per-item form ("rubric" / "check"; True means "rubric")
+        # judge_per_item: False, or the per-item form (roles.JUDGE_ITEM_FORMS; True: "rubric")
         self.scenes = scenes  # {image id: Scene} on the toy world, else empty
         # the Judge is asked once per rubric item, as config.data.judge_per_item trained it
         self.judge_per_item = judge_per_item

@@ -296,7 +296,7 @@ def judge_captions(cfg, params, processor, rubrics, captions, rl, rng, per_item=
     Only groups with a rubric are judged. The N prompts of a group share the instruction +
     rubric prefix, which is encoded once and its KV cache shared by the N captions.
     per_item (config `data.judge_per_item`): the Judge is asked once per (caption, item), all of
-    a step's questions in one batch, in the form per_item names ("check":
+    a step's questions in one batch, in the form per_item names ("check", "echo", "reason":
     `roles.judge_check_messages`; True or "rubric": `roles.judge_item_messages`).
     """
     num_groups, n = len(captions), len(captions[0])
@@ -316,8 +316,8 @@ def judge_captions(cfg, params, processor, rubrics, captions, rl, rng, per_item=
             rl,
             rng,
         )
-        for (g, i, _), text in zip(rows, texts):
-            values, found = roles.parse_item_reply(text, form)
+        for (g, i, item), text in zip(rows, texts):
+            values, found = roles.parse_item_reply(text, form, item.criterion)
             decisions[g][i].append(values[0].value)
             problems[g, i] += len(found)
         return decisions, problems
