@@ -134,17 +134,17 @@ def judge_item_messages(item, caption):
 # "Check: <criterion>", answered "yes" or "no" -- the question form of the toy base's `truth`
 # task (mocojax/data/toybase.py), so the Judge role starts from a skill its base was taught.
 # The `echo` form (config `data.judge_item_form="echo"`) asks the same question; its reply restates
-# the criterion, then says yes or no: the decision is read where the criterion's last word (the
-# shape, the colour-shape pair, the background colour) is the current token, so one attention
-# layer can match it against the caption instead of first fetching the item from the prompt.
+# the criterion, then says yes or no, so the decision is read where the criterion's last word (the
+# shape, the colour-shape pair, the background colour) is the current token.
 # The `reason` form (`data.judge_item_form="reason"`) restates the criterion, then gives the
 # rationale, then yes / no: the rationale says whether the caption names the item's object ("it
 # is named", "it is not mentioned", "it names 2 circles") -- one lookup with the same polarity for
 # "mentions a ..." and "does not mention a ..." items, whose decisions are opposite.
 # The `lead` form (`data.judge_item_form="lead"`) puts the criterion before the caption
-# (``Check: <criterion>`` then ``Caption: <caption>``), answered yes / no: every caption word can
-# then be compared with the one criterion read before it, instead of the last position searching
-# the caption for the criterion's word.
+# (``Check: <criterion>`` then ``Caption: <caption>``), answered yes / no.
+# Measured from the shipped base (docs/results.md, session 12): only `reason` taught the Judge to
+# search a caption for a word (absent-shape items 0.98 after 32,000 Judge-only examples; the
+# check form 0.73 after 48,000; echo and lead no better than check).
 JUDGE_CHECK_PROMPT = "Check:"
 JUDGE_ITEM_FORMS = ("rubric", "check", "echo", "reason", "lead")
 
@@ -191,6 +191,8 @@ def parse_item_reply(text, form="rubric", criterion=None):
     and is reported; an `echo` / `reason` reply that restates another criterion than
     `criterion` (when given) keeps its decision and is reported. `reason` replies are read as
     ``restated | rationale | yes`` (the last field decides)."""
+    if form not in JUDGE_ITEM_FORMS:
+        raise ValueError(f"unknown per-item Judge form {form!r}; known: {JUDGE_ITEM_FORMS}")
     if form == "rubric":
         return parse_decisions(text, 1)
     if not isinstance(text, str):

@@ -373,6 +373,8 @@ def test_echo_and_reason_forms_restate_the_criterion_before_yes_or_no():
     )
     decisions, problems = roles.parse_item_reply("mentions a red circle | yes", "reason")
     assert decisions == [roles.Decision(0, "")] and "unreadable" in problems[0]
+    with pytest.raises(ValueError, match="unknown per-item Judge form 'lines'"):
+        roles.parse_item_reply("yes", "lines")
     config = toyworld_config.get_config()
     config.data.judge_item_form = "echo"
     with pytest.raises(ValueError, match="judge_item_form"):
