@@ -206,8 +206,7 @@ def validate(config, stages):
             config,
             "data.judge_item_form",
             lambda v: (
-                v == "rubric"
-                or (v in roles.JUDGE_ITEM_FORMS[1:] and config.data.get("judge_per_item"))
+                v == "rubric" or (v in roles.CHECK_FORMS and config.data.get("judge_per_item"))
             ),
             "must be 'rubric', or 'check' / 'echo' / 'reason' / 'lead' with "
             "data.judge_per_item=True (the per-item Judge asked 'Check: <criterion>' and "

@@ -146,7 +146,9 @@ def judge_item_messages(item, caption):
 # search a caption for a word (absent-shape items 0.98 after 32,000 Judge-only examples; the
 # check form 0.73 after 48,000; echo and lead no better than check).
 JUDGE_CHECK_PROMPT = "Check:"
-JUDGE_ITEM_FORMS = ("rubric", "check", "echo", "reason", "lead")
+# the per-item forms that ask the check question (`judge_check_messages`), and all per-item forms
+CHECK_FORMS = ("check", "echo", "reason", "lead")
+JUDGE_ITEM_FORMS = ("rubric",) + CHECK_FORMS
 
 
 def check_question(caption, criterion):

@@ -417,10 +417,8 @@ def check_form(examples, form="check"):
     form="reason": the criterion, the rationale its rubric line holds, then yes / no
     (`roles.format_check`); form="lead": the criterion before the caption, yes / no;
     "item_form": the form. Other examples pass through unchanged."""
-    if form not in roles.JUDGE_ITEM_FORMS[1:]:
-        raise ValueError(
-            f"check_form: form must be one of {roles.JUDGE_ITEM_FORMS[1:]}, got {form!r}"
-        )
+    if form not in roles.CHECK_FORMS:
+        raise ValueError(f"check_form: form must be one of {roles.CHECK_FORMS}, got {form!r}")
     out = []
     for example in examples:
         if example["role"] != "judge" or "item" not in example or "target" not in example:

@@ -241,7 +241,7 @@ def _asked_as(examples, judge_per_item):
     if not judge_per_item:
         return examples
     examples = records_lib.judge_items(examples)
-    if judge_per_item in roles.JUDGE_ITEM_FORMS[1:]:
+    if judge_per_item in roles.CHECK_FORMS:
         return records_lib.check_form(examples, judge_per_item)
     return examples
 
