@@ -147,6 +147,16 @@ def get_config(arg=""):
     # a stage of this workdir whose checkpoint SFT starts from ("" : model.init_from)
     config.sft.init_stage = ""
 
+    # The "warmup" stage (not in the default stages): SFT on this record mix first, e.g. the
+    # Judge alone (mix (0,0,1)) with data.judge_per_item and judge_item_form="reason", so its
+    # lookups are learned before the role mix; then "sft" with sft.init_stage="warmup":
+    #   --config.stages='("warmup","sft","rl","eval")' --config.sft.init_stage=warmup
+    # Shares optimizer.* and sft.* (eval_every, checkpoints) with the SFT stage.
+    config.warmup = ml_collections.ConfigDict()
+    config.warmup.mix = (0, 0, 1)
+    config.warmup.num_steps = 1000
+    config.warmup.global_batch_size = 32
+
     config.eval = ml_collections.ConfigDict()
     # whose latest checkpoints the eval stage scores: eval_<stage>_<step>.json each
     config.eval.stage = "sft,rl"
@@ -183,6 +193,8 @@ def get_config(arg=""):
         config.sft.grad_accum_steps = 2
         config.sft.eval_every = 2
         config.sft.checkpoint_every = 2
+        config.warmup.num_steps = 2
+        config.warmup.global_batch_size = 4
         config.eval.num_scenes = 2
         config.eval.batch_size = 2
         config.eval.max_new_tokens = 8

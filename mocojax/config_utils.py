@@ -276,6 +276,8 @@ def validate(config, stages):
         lambda v: v % split == 0,
         f"must be a multiple of grad_accum_steps x processes = {split}",
     )
+    if "warmup" in config.stages:
+        _check_warmup(config, split)
     for key in ("num_scenes", "batch_size", "max_new_tokens"):
         _check(config, "eval." + key, _positive_int, "must be a positive int")
     _check(
@@ -284,9 +286,9 @@ def validate(config, stages):
         lambda v: (
             isinstance(v, str)
             and v.split(",")
-            and all(part.strip() in ("sft", "rl") for part in v.split(","))
+            and all(part.strip() in SCORED_STAGES for part in v.split(","))
         ),
-        "must be 'sft', 'rl' or 'sft,rl'",
+        f"must be a comma-separated list of {SCORED_STAGES}, e.g. 'sft,rl'",
     )
     _check(config, "export.stage", lambda v: v in ("sft", "rl"), "must be 'sft' or 'rl'")
     _check(
@@ -392,6 +394,48 @@ class Setup:
     load_params: Callable[..., dict]
 
 
+# The stages whose checkpoints the eval stage scores (config.eval.stage).
+SCORED_STAGES = ("warmup", "sft", "rl")
+
+
+def _check_warmup(config, split):
+    """The warm-up stage's keys (mocojax.train.sft.run_warmup): SFT on config.warmup.mix before
+    the role SFT stage, which must then start from it."""
+    if "warmup" not in config:
+        _fail(
+            "stages",
+            tuple(config.stages),
+            "the 'warmup' stage needs a config.warmup block (mix, num_steps, global_batch_size; "
+            "configs/toyworld.py has one)",
+        )
+    if config.data.source != "toyworld":
+        _fail("stages", tuple(config.stages), "the 'warmup' stage builds toy-world role records")
+    _check(
+        config,
+        "warmup.mix",
+        lambda v: len(v) == 3 and all(isinstance(n, int) and n >= 0 for n in v) and sum(v) > 0,
+        "must be (policy, generator, judge) record counts per scene",
+    )
+    for key in ("num_steps", "global_batch_size"):
+        _check(config, "warmup." + key, _positive_int, "must be a positive int")
+    _check(
+        config,
+        "warmup.global_batch_size",
+        lambda v: v % split == 0,
+        f"must be a multiple of sft.grad_accum_steps x processes = {split}",
+    )
+    stages = tuple(config.stages)
+    if "sft" in stages and stages.index("sft") < stages.index("warmup"):
+        _fail("stages", stages, "'warmup' trains what 'sft' starts from: list it before 'sft'")
+    if "sft" in stages and config.sft.get("init_stage", "") != "warmup":
+        _fail(
+            "sft.init_stage",
+            config.sft.get("init_stage", ""),
+            "the stages run 'warmup' and then 'sft', but sft would not start from the warm-up; "
+            "set --config.sft.init_stage=warmup (or drop 'warmup' from config.stages)",
+        )
+
+
 def _round_up(n, multiple):
     return -(-n // multiple) * multiple
 
@@ -402,9 +446,10 @@ def _learned_roles(config):
     if config.data.source != "toyworld" or config.data.get("tasks", "roles") != "roles":
         return ()
     out = set()
-    mix = tuple(config.data.mix)
-    if "sft" in config.stages:
-        out |= {role for role, n in zip(("generator", "judge"), mix[1:]) if n}
+    mixes = [("sft", config.data.mix), ("warmup", config.get("warmup", {}).get("mix", ()))]
+    for stage, mix in mixes:
+        if stage in config.stages:
+            out |= {role for role, n in zip(("generator", "judge"), tuple(mix)[1:]) if n}
     if "rl" in config.stages and config.rl.get("reward", "rubric") == "rubric":
         out |= {role for role in ("generator", "judge") if config.rl.get(role) != "exact"}
     return tuple(sorted(out))

@@ -85,13 +85,14 @@ def run_vision(config, workdir):
 
 STAGES = {
     "vision": run_vision,
+    "warmup": sft.run_warmup,
     "sft": sft.run_sft,
     "rl": run_rl,
     "eval": run_eval,
     "export": run_export,
 }
-MULTI_HOST_STAGES = ("sft", "rl")
-TRAINING_STAGES = ("vision", "sft", "rl")
+MULTI_HOST_STAGES = ("warmup", "sft", "rl")
+TRAINING_STAGES = ("vision", "warmup", "sft", "rl")
 
 
 def config_file_name(workdir, stages):

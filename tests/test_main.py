@@ -224,6 +224,59 @@ def test_eval_stage_scores_sft_and_rl_checkpoints_with_baselines(tmp_path):
         assert result["num_scenes"] == config.eval.num_scenes
 
 
+def _sft_params(config, workdir, stage="sft"):
+    cfg = config_utils.build_setup(config, workdir).model_config
+    return checkpoint.restore_params(workdir, stage, cfg)
+
+
+def test_warmup_stage_trains_its_own_mix_and_role_sft_starts_from_it(tmp_path):
+    """stages ("warmup", "sft"): the warm-up trains config.warmup's mix (Judge records only: no
+    Policy or Generator tokens) for warmup.num_steps into checkpoints/warmup, and role SFT starts
+    from it: its final params differ from those of the same SFT run from the config's own init."""
+    config = toyworld.get_config("tiny")
+    config.stages = ("warmup", "sft")
+    config.sft.init_stage = "warmup"
+    config.sft.num_steps = 2
+    config.warmup.num_steps = 3
+    warm = str(tmp_path / "warm")
+    main.run(config, warm)
+    rows = [json.loads(line) for line in open(os.path.join(warm, "metrics.jsonl"))]
+    warm_rows = [r for r in rows if r["stage"] == "warmup"]
+    assert [r["step"] for r in warm_rows] == [1, 2, 3]
+    assert all(r["tokens_judge"] > 0 for r in warm_rows)
+    assert all(r["tokens_policy"] == 0 and r["tokens_generator"] == 0 for r in warm_rows)
+    assert [r["step"] for r in rows if r["stage"] == "sft"] == [1, 2]
+    # role SFT trains the config's own mix (2, 1, 1): one role per batch (data.group_by_role)
+    assert any(r["tokens_policy"] + r["tokens_generator"] > 0 for r in rows if r["stage"] == "sft")
+    assert _sft_params(config, warm, "warmup")[1] == 3
+
+    config.stages, config.sft.init_stage = ("sft",), ""
+    cold = str(tmp_path / "cold")
+    main.run(config, cold)
+    warm_params, cold_params = _sft_params(config, warm)[0], _sft_params(config, cold)[0]
+    differences = jax.tree.leaves(
+        jax.tree.map(lambda a, b: float(np.abs(a - b).max()), warm_params, cold_params)
+    )
+    assert max(differences) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "stages, init_stage, message",
+    [
+        (("warmup", "sft"), "", "config.sft.init_stage=''"),
+        (("sft", "warmup"), "warmup", "list it before 'sft'"),
+    ],
+)
+def test_a_warmup_that_role_sft_would_not_start_from_is_refused(
+    tmp_path, stages, init_stage, message
+):
+    config = toyworld.get_config("tiny")
+    config.stages, config.sft.init_stage = stages, init_stage
+    with pytest.raises(ValueError, match=message):
+        main.run(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_second_run_into_a_held_workdir_stops_before_any_work(tmp_path):
     """A live run's lock (this test process holds it) stops main.run at once, naming the holder;
     nothing is written into the workdir; released, the lock file is gone."""

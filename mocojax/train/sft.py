@@ -327,8 +327,30 @@ def sft_state(config, workdir, setup, cfg, mesh, optimizer, manager):
     return (*step_lib.restore_or_init(manager, abstract, init), state_shardings)
 
 
-def run_sft(config, workdir):
+def warmup_config(config):
+    """Returns the config the warm-up stage trains with: config.sft's, with config.warmup's
+    record mix, steps and batch (e.g. Judge records only, before the role mix), started from
+    model.init_from (never from another stage)."""
+    out = config.copy_and_resolve_references()
+    with out.unlocked():
+        out.data.mix = tuple(config.warmup.mix)
+        out.sft.num_steps = config.warmup.num_steps
+        out.sft.global_batch_size = config.warmup.global_batch_size
+        out.sft.init_stage = ""
+    return out
+
+
+def run_warmup(config, workdir):
+    """The warm-up stage: SFT on config.warmup's record mix into checkpoints/warmup, which the
+    role SFT stage starts from with sft.init_stage="warmup" (docs/training.md)."""
+    return run_sft(warmup_config(config), workdir, stage="warmup")
+
+
+def run_sft(config, workdir, stage="sft"):
     """Runs (or resumes) Stage I as the config says; returns the last step's metrics.
+
+    stage names its checkpoints (<workdir>/checkpoints/<stage>) and metrics rows: "sft", or
+    "warmup" for `run_warmup`.
 
     Long because it is Stage I read top to bottom, like `run_rl`: set-up (mesh, data, optimizer,
     state restored or initialised), then one loop per step (batch, update, metrics, periodic eval,
@@ -340,6 +362,15 @@ def run_sft(config, workdir):
     mesh = sharding.make_mesh(config.mesh or None)
     cfg = sharding.model_config(setup.model_config, mesh)
     train_examples, eval_examples = config_utils.sft_examples(config, setup.processor)
+    if 0 < len(eval_examples) < sft.global_batch_size:
+        logging.warning(
+            "%s: the held-out set has %d records, fewer than one batch of %d; no held-out loss "
+            "is computed (more data.num_eval_scenes gives one)",
+            stage,
+            len(eval_examples),
+            sft.global_batch_size,
+        )
+        eval_examples = []
     optimizer = state_lib.make_optimizer(config.optimizer, sft.num_steps)
     schedule = state_lib.learning_rate_schedule(
         config.optimizer.lr,
@@ -365,13 +396,13 @@ def run_sft(config, workdir):
         )
 
     data_iter = iter(dataset(train_examples, data_config.seed, None, data_config.group_by_role))
-    manager = checkpoint.Manager(workdir, "sft", keep=sft.keep_checkpoints)
+    manager = checkpoint.Manager(workdir, stage, keep=sft.keep_checkpoints)
     state, extra, state_shardings = sft_state(config, workdir, setup, cfg, mesh, optimizer, manager)
     skipped = 0
     if extra is not None:
         data_iter.set_state(extra["data"])
         skipped = extra["skipped"]
-        logging.info("resumed SFT from step %d", int(state["step"]))
+        logging.info("resumed %s from step %d", stage, int(state["step"]))
     start = int(state["step"])
     step_fn = make_train_step(cfg, optimizer, mesh, state_shardings)
     eval_fn = jax.jit(functools.partial(eval_step, cfg), out_shardings=sharding.replicated(mesh))
@@ -392,10 +423,10 @@ def run_sft(config, workdir):
                 **packing,
             )
 
-    writer = metrics_lib.MetricWriter(workdir, "sft", total_steps=sft.num_steps, initial_step=start)
+    writer = metrics_lib.MetricWriter(workdir, stage, total_steps=sft.num_steps, initial_step=start)
     guard = state_lib.SkipGuard(
         config.optimizer.get("max_skipped_steps", state_lib.MAX_SKIPPED_STEPS),
-        "sft",
+        stage,
         "optimizer.max_skipped_steps",
     )
     last = {}
