@@ -86,6 +86,9 @@ def get_config(arg=""):
     # "echo" / "reason": the check question, the reply restating the criterion (then the
     # rationale) before yes / no (roles.format_check)
     config.data.judge_item_form = "rubric"
+    # the toy Judge's rationales: "verdict" ("it is named", "it names 2 circles") or "mentions"
+    # (the caption's mentions of the item's shape copied out: "it names blue circle, red circle")
+    config.data.judge_rationale = "verdict"
     config.data.image_size = IMAGE_SIZE
     # Fixed 96x96 images (the default min_pixels would upscale them to 256x256 = 64 tokens).
     config.data.min_pixels = IMAGE_SIZE * IMAGE_SIZE

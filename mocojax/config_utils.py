@@ -213,6 +213,16 @@ def validate(config, stages):
             "answering yes / no; after restating the criterion; after the criterion and a "
             "rationale; asked with the criterion before the caption)",
         )
+    if "judge_rationale" in config.data:
+        _check(
+            config,
+            "data.judge_rationale",
+            lambda v: (
+                v == "verdict" or (v in toyroles.RATIONALES and config.data.source == "toyworld")
+            ),
+            f"must be one of {toyroles.RATIONALES} ('mentions' on data.source='toyworld': the "
+            "caption's mentions of the item's shape, read with the toy world's parser)",
+        )
     for key in toyroles.RUBRIC_DEFAULTS:
         if key in config.data:
             _check(config, f"data.{key}", lambda v: isinstance(v, bool), "must be True or False")
@@ -583,6 +593,9 @@ def sft_examples(config, processor=None):
         elif data.source == "toyworld":  # no item kind may be answered by its usual label
             train = toyroles.balance_judge_items(train, data.seed)
             held_out = toyroles.balance_judge_items(held_out, data.seed)
+    if data.get("judge_rationale", "verdict") == "mentions":
+        train, held_out = (toyroles.with_mention_rationales(x) for x in (train, held_out))
+    if data.get("judge_per_item", False):
         form = records_lib.judge_item_form(data)
         if form != "rubric":
             train, held_out = (records_lib.check_form(x, form) for x in (train, held_out))

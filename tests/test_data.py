@@ -383,6 +383,75 @@ def test_echo_and_reason_forms_restate_the_criterion_before_yes_or_no():
     config_utils.validate(config, main.STAGES)
 
 
+def test_mention_rationales_copy_the_captions_mentions_of_the_items_shape(tmp_path):
+    """data.judge_rationale="mentions": a presence, absence or count item's rationale lists the
+    caption's mentions of its shape in caption order (hand-written); the decision and other
+    kinds' rationales are kept; every word is in the toy tokenizer; the config validates."""
+    caption = (
+        "A big blue circle is at the top. A small red circle is at the left. "
+        "A large green star is in the middle. The background is white."
+    )
+    items = [
+        ["mentions at most one circle", "", 3],
+        ["mentions a red circle", "", 3],
+        ["does not mention a square", "", 3],
+        ["does not mention a green star", "", 3],
+        ["the background is white", "", 3],
+    ]
+    judge = {
+        "id": "j",
+        "role": "judge",
+        "caption": caption,
+        "rubric": items,
+        "target": roles.format_decisions(
+            [
+                roles.Decision(0, "it names 2 circles"),
+                roles.Decision(1, "it is named"),
+                roles.Decision(1, "it is not mentioned"),
+                roles.Decision(0, "it is mentioned"),
+                roles.Decision(1, "it is called white"),
+            ]
+        ),
+    }
+    (whole,) = toyroles.with_mention_rationales([judge])
+    assert whole["target"].splitlines() == [
+        "1 | 0 | it names blue circle, red circle",
+        "2 | 1 | it names blue circle, red circle",
+        "3 | 1 | it names no square",
+        "4 | 0 | it names green star",
+        "5 | 1 | it is called white",
+    ]
+    per_item = toyroles.with_mention_rationales(records.judge_items([judge]))
+    reasoned = records.check_form(per_item, "reason")
+    assert reasoned[0]["target"] == (
+        "mentions at most one circle | it names blue circle, red circle | no"
+    )
+    assert [e["target"] for e in per_item] == [
+        "1 | " + line.split(" | ", 1)[1] for line in whole["target"].splitlines()
+    ]
+    # the world's exact decision is kept on every toy Judge example
+    examples = [e for e in toyroles.sft_records(seed=1, num_scenes=20) if e["role"] == "judge"]
+    for e in toyroles.with_mention_rationales(records.judge_items(examples)):
+        (decision,), _ = roles.parse_decisions(e["target"], 1)
+        assert (
+            toyroles.judge_accuracy([roles.RubricItem(*e["item"])], e["caption"], [decision])[0]
+            == 1.0
+        )
+    tokenizer = processing.load_tokenizer(toyroles.build_tokenizer(str(tmp_path / "tok")))
+    for line in whole["target"].splitlines():
+        assert tokenizer.unk_token_id not in tokenizer(line)["input_ids"], line
+    config = toyworld_config.get_config("tiny")
+    config.data.update(judge_rationale="mentions", judge_per_item=True, judge_item_form="reason")
+    config_utils.validate(config, main.STAGES)
+    train, _ = config_utils.sft_examples(config)
+    targets = [e["target"] for e in train if e["role"] == "judge"]
+    assert any(" | it names no " in t for t in targets)
+    assert not any("it is named" in t or "it is not mentioned" in t for t in targets)
+    config.data.judge_rationale = "listing"
+    with pytest.raises(ValueError, match="data.judge_rationale"):
+        config_utils.validate(config, main.STAGES)
+
+
 def test_toy_judge_per_item_examples_keep_the_toy_labels():
     examples = [e for e in toyroles.sft_records(seed=1, num_scenes=20) if e["role"] == "judge"]
     split = records.judge_items(examples)

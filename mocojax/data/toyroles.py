@@ -33,6 +33,7 @@ from mocojax.data import records as records_lib, toybase, toyworld as tw
 # Split out (move only, #14); re-exported so `toyroles.<name>` keeps working.
 from mocojax.data.toyroles_facts import (  # noqa: F401
     COUNT_WORDS,
+    RATIONALES,
     WEIGHTS,
     Fact,
     _matches,
@@ -46,6 +47,7 @@ from mocojax.data.toyroles_facts import (  # noqa: F401
     judge_accuracy,
     judge_confusion,
     judge_fact,
+    mentions_rationale,
     only_allows,
     parse_criterion,
     pooled_confusion,
@@ -341,6 +343,30 @@ def balance_judge_items(examples, seed):
         return rng.random() < minority / counts[(kind, value)]
 
     return [e for e, k in zip(examples, keys) if keep(e, k)]
+
+
+def with_mention_rationales(examples):
+    """Returns the examples with each toy Judge target's rationales rewritten as the caption's
+    mentions of the item's shape (`mentions_rationale`, config data.judge_rationale="mentions"),
+    per-item and whole-rubric examples alike; decisions, other kinds' rationales and other
+    examples are unchanged. A target whose decisions cannot be read raises ValueError naming it."""
+    out = []
+    for example in examples:
+        if example["role"] != "judge" or "target" not in example:
+            out.append(example)
+            continue
+        rubric = [example["item"]] if "item" in example else example["rubric"]
+        decisions, problems = roles.parse_decisions(example["target"], len(rubric))
+        if problems:
+            raise ValueError(f"Judge example {example['id']}: {'; '.join(problems)}")
+        mentions, _ = tw.parse_caption(example["caption"])
+        rewritten = []
+        for item, decision in zip(rubric, decisions):
+            fact = parse_criterion(item[0])
+            listed = mentions_rationale(fact, mentions) if fact is not None else None
+            rewritten.append(roles.Decision(decision.value, listed or decision.rationale))
+        out.append(dict(example, target=roles.format_decisions(rewritten)))
+    return out
 
 
 class ExactRoles:

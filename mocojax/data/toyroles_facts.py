@@ -195,6 +195,25 @@ def judge_fact(fact, mentions, background):
     return roles.Decision(0, f"it is {_value_phrase(fact.attribute, given[0])}")
 
 
+# How a toy Judge target's rationale is written (config data.judge_rationale): "verdict", the
+# lookup's outcome (`judge_fact`: "it is named", "it names 2 circles"); "mentions", the caption's
+# mentions of the item's shape copied out (`mentions_rationale`), from which every
+# presence, absence and count decision follows.
+RATIONALES = ("verdict", "mentions")
+
+
+def mentions_rationale(fact, mentions):
+    """Returns, for a presence, absence or count fact, the caption's mentions of the fact's shape
+    in caption order -- "it names blue circle, red circle" or "it names no circle" -- else None
+    (other kinds keep `judge_fact`'s rationale). The decision is then a function of the copied
+    words: is "blue circle" among them, how many are there."""
+    if fact.kind not in ("present", "absent", "at_most"):
+        return None
+    shape = fact.referent.shape
+    named = [" ".join(w for w in (m.colour, shape) if w) for m in mentions if m.shape == shape]
+    return "it names " + (", ".join(named) if named else f"no {shape}")
+
+
 def _scene_content(scene):
     return [tw.Mention(o.shape, o.colour, o.size, o.position) for o in scene.objects]
 
