@@ -1,5 +1,6 @@
 """Toy world: hand-worked metrics, language round trips, records true by construction, tokenizer."""
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -317,6 +318,58 @@ def test_count_items_by_hand():
         assert roles.rubric_reward(weights, exact.decisions(rubric, caption)) == pytest.approx(
             expected
         ), caption
+
+
+def test_every_object_items_pay_each_named_object_in_every_sample():
+    """every_object: one "mentions a <colour> <shape>" item per object of the scene after the shape
+    items, in place of the deficiency item naming the same pair; dropping an object then costs
+    its weight even when the shown candidates named it (hand-computed rewards: 19 / 22 where the
+    rubric without the option pays 16 / 16)."""
+    complete = "A large red circle at the top left and a small blue square in the center."
+    expected = [
+        "does not mention a triangle",
+        "does not mention a diamond",
+        "does not mention a star",
+        "mentions at most one circle",
+        "mentions at most one square",
+        "mentions a red circle",
+        "mentions a blue square",
+        "the background is white",
+    ]
+    options = dict(absent_shapes=True, count_items=True, every_object=True)
+    for shown in ([complete], ["A large red circle at the top left."]):
+        facts = toyroles.rubric_facts(SCENE, shown, **options)
+        assert [toyroles.item_of(f).criterion for f in facts] == expected, shown
+        assert all(toyroles.fact_is_true(SCENE, f) for f in facts)
+        assert [toyroles.parse_criterion(c) for c in expected] == facts
+    # fewer than min_items facts: the fill does not repeat an object item
+    lone = Scene("lone", "black", (Obj("star", "yellow", "large", "center"),))
+    facts = toyroles.rubric_facts(
+        lone, ["A large yellow star in the center on a black background."], every_object=True
+    )
+    assert [toyroles.item_of(f).criterion for f in facts] == [
+        "mentions a yellow star",
+        "the background is black",
+    ]
+    with_bg = complete[:-1] + " on a white background."
+    no_square = "A large red circle at the top left on a white background."
+    star = with_bg.replace(" on", " and a green star on")
+    for every, want in [
+        (False, {with_bg: 1.0, no_square: 1.0, star: 13 / 16}),
+        (True, {with_bg: 1.0, no_square: 19 / 22, star: 19 / 22}),
+    ]:
+        exact = toyroles.ExactRoles(
+            {SCENE.id: SCENE}, absent_shapes=True, count_items=True, every_object=every
+        )
+        rubric = exact.rubric(SCENE.id, [complete])
+        weights = [item.weight for item in rubric]
+        for caption, reward in want.items():
+            got = roles.rubric_reward(weights, exact.decisions(rubric, caption))
+            assert got == pytest.approx(reward), (every, caption)
+    assert toyroles.rubric_options(ml_collections.ConfigDict({"every_object": True})) == {
+        **toyroles.RUBRIC_DEFAULTS,
+        "every_object": True,
+    }
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

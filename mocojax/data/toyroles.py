@@ -95,6 +95,7 @@ def rubric_facts(
     attribute_items=True,
     absent_shapes=False,
     count_items=False,
+    every_object=False,
 ):
     """Returns the Facts of the target rubric: what the candidates missed, got wrong or invented.
 
@@ -118,6 +119,12 @@ def rubric_facts(
     sample. With absent_shapes every invented mention fails an item. Both kinds go after the
     `only` item and before the deficiency items, and do not count against max_items (at most
     5 more items: one per shape of the world).
+    every_object: one "mentions a <colour> <shape>" item for every object of the scene, written
+    from the image alone, so each object a caption names pays in every sample, not only when a
+    shown candidate missed it (with absent_shapes and count_items an invented mention costs in
+    every sample; without this, dropping an object costs only when a shown candidate dropped it
+    too). They go after the shape items, replace the deficiency items that name the same pair,
+    and do not count against max_items.
     """
     pairs = {(o.shape, o.colour) for o in scene.objects}
     missing = [s for s in tw.SHAPES if s not in {o.shape for o in scene.objects}]
@@ -152,9 +159,17 @@ def rubric_facts(
         for shape, n in counts.items()
         if count_items
     ]
+    object_facts = []
+    if every_object:
+        object_facts = list(
+            dict.fromkeys(Fact("present", tw.Mention(o.shape, o.colour)) for o in scene.objects)
+        )
+        facts = [f for f in facts if f not in object_facts]
+    shape_facts += object_facts
     if len(facts) + len(shape_facts) < min_items:
         fill = [Fact("present", tw.Mention(o.shape, o.colour)) for o in scene.objects]
-        facts += [f for f in fill + [Fact("background", value=scene.background)] if f not in facts]
+        fill.append(Fact("background", value=scene.background))
+        facts += [f for f in fill if f not in facts and f not in shape_facts]
     order = {kind: rank for rank, kind in enumerate(("absent", "present", "attribute"))}
     facts.sort(key=lambda f: order.get(f.kind, 3))
     if only_item and scene.objects:
@@ -303,6 +318,7 @@ RUBRIC_DEFAULTS = {
     "attribute_items": True,
     "absent_shapes": False,
     "count_items": False,
+    "every_object": False,
 }
 
 
