@@ -159,16 +159,14 @@ def rubric_facts(
         for shape, n in counts.items()
         if count_items
     ]
-    object_facts = []
+    object_facts = list(
+        dict.fromkeys(Fact("present", tw.Mention(o.shape, o.colour)) for o in scene.objects)
+    )
     if every_object:
-        object_facts = list(
-            dict.fromkeys(Fact("present", tw.Mention(o.shape, o.colour)) for o in scene.objects)
-        )
         facts = [f for f in facts if f not in object_facts]
-    shape_facts += object_facts
+        shape_facts += object_facts
     if len(facts) + len(shape_facts) < min_items:
-        fill = [Fact("present", tw.Mention(o.shape, o.colour)) for o in scene.objects]
-        fill.append(Fact("background", value=scene.background))
+        fill = object_facts + [Fact("background", value=scene.background)]
         facts += [f for f in fill if f not in facts and f not in shape_facts]
     order = {kind: rank for rank, kind in enumerate(("absent", "present", "attribute"))}
     facts.sort(key=lambda f: order.get(f.kind, 3))
