@@ -1,0 +1,45 @@
+"""Toy world, the recipe with which a learned Judge raises held-out F1 in RL (docs/results.md,
+session 15): a Judge-only warm-up, role SFT with the Policy's share raised, then 600 Policy RL
+updates scored by the EMA model as Judge, and the held-out eval of both checkpoints.
+
+  python -m mocojax.main --config configs/toyworld_judge.py --workdir runs/toyworld_judge   # ~45 min on 2 cores
+  python -m mocojax.main --config configs/toyworld_judge.py:tiny --workdir /tmp/judge_tiny  # smoke run
+
+What differs from configs/toyworld.py, and why:
+- the rubric is the one exact roles met the RL target with (session 11): `absent_shapes` +
+  `count_items`, without the size and place items a learned Judge cannot check (sessions 8-9);
+- the Judge answers per item in the `reason` form (criterion | rationale | yes/no), the form in
+  which it learned to search a caption for a word (session 12);
+- a `warmup` stage trains the Judge alone first (1,000 steps of 32), then role SFT starts from
+  it with the record mix (5, 0, 1): per-item Judge records are ~5 per scene, so the paper's
+  2:1:1 (or (2, 0, 1)) leaves the Policy ~30% of the batches and an imprecise Policy (object
+  precision 0.71-0.72) from which RL loses F1 whoever judges (sessions 13-14); (5, 0, 1) gives
+  it half of them. The Policy learns terse captions (`policy_drop=0.4`);
+- **the Generator is the world's exact one** (`rl.generator="exact"`): a learned Generator of
+  this rubric is not trained yet, so this config measures the learned Judge alone. The Judge is
+  the EMA of the Policy (m = 0.99, H = 1), as the method's.
+"""
+
+from configs import toyworld
+
+
+def get_config(arg=""):
+    """Returns configs/toyworld.py with the learned-Judge recipe above (arg "tiny": smoke run)."""
+    config = toyworld.get_config(arg)
+    config.stages = ("warmup", "sft", "rl", "eval")
+    data = config.data
+    data.judge_per_item = True
+    data.judge_item_form = "reason"
+    data.absent_shapes = True
+    data.count_items = True
+    data.attribute_items = False
+    data.policy_drop = 0.4
+    data.mix = (5, 0, 1)
+    config.sft.init_stage = "warmup"
+    config.rl.generator = "exact"
+    config.eval.stage = "sft,rl"
+    if arg != "tiny":
+        config.sft.num_steps = 800
+        config.rl.num_steps = 600
+        config.rl.judge_max_new_tokens = 24  # "<criterion> | <rationale> | yes" of one item
+    return config
