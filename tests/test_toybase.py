@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -531,6 +532,39 @@ def test_shipped_base_is_what_the_default_config_loads():
         assert (
             tokenizer.unk_token_id not in tokenizer(text, add_special_tokens=False)["input_ids"]
         ), text
+
+
+def test_rl_truth_logs_the_judges_balanced_accuracy_per_kind_by_hand():
+    """On RL's own samples: per item kind, and a kind with only met items left out."""
+    scene = Scene("s", "black", (Obj("circle", "red", "large", "center"),))
+    rubric = [
+        roles.RubricItem("mentions a red circle", "named", 3.0),  # present: met by both
+        roles.RubricItem("does not mention a star", "not named", 3.0),  # absent_shape
+        roles.RubricItem("mentions at most one circle", "no more named", 3.0),  # at_most
+    ]
+    captions = [
+        "A large red circle is in the centre. The background is black.",  # meets all three
+        "A large red circle is in the centre, a small blue circle is at the top and "
+        "a small yellow star is at the bottom.",  # names a star and two circles
+    ]
+    # The Judge is right on the star both times and passes the unmet count item.
+    rollout = types.SimpleNamespace(
+        captions=[captions], rubrics=[rubric], decisions=[[[1, 1, 1], [1, 0, 1]]]
+    )
+    truth = rl_evals.toy_truth(scene, rollout, 0)
+    assert truth["judge_by_kind"]["at_most"] == dict(tp=1, fn=0, tn=0, fp=1, unreadable=0)
+    out = rl_evals.truth_metrics([truth, truth], [[1.0, 2 / 3], [1.0, 2 / 3]])
+    assert out["true/judge_accuracy"] == pytest.approx(5 / 6)
+    assert "true/judge_balanced_accuracy_present" not in out  # no unmet presence item
+    assert out["true/judge_balanced_accuracy_absent_shape"] == 1.0
+    assert out["true/judge_balanced_accuracy_at_most"] == 0.5  # (1 + 0) / 2
+    assert out["true/judge_balanced_accuracy_within_kind"] == pytest.approx(0.75)
+    assert out["true/judge_balanced_accuracy_worst_kind"] == 0.5
+    # A reward without rubrics (G2P) logs none of these.
+    assert not any(
+        "balanced" in k
+        for k in rl_evals.truth_metrics([{"f1": [0.5], "hallucinated": [0]}], [[1.0]])
+    )
 
 
 def test_within_kind_balanced_accuracy_by_hand():

@@ -41,6 +41,7 @@ from mocojax.data.toyroles_facts import (  # noqa: F401
     _referent_phrase,
     _scene_content,
     _value_phrase,
+    add_confusion,
     balanced_accuracy,
     fact_is_true,
     item_of,

@@ -285,6 +285,13 @@ def judge_confusion(rubric_items, caption, decisions, by_kind=False):
     return counts if by_kind else pooled_confusion(counts)
 
 
+def add_confusion(total, by_kind):
+    """Adds the counts of {kind: confusion counts} into total, {kind: counts} (in place)."""
+    for kind, counts in by_kind.items():
+        for key, count in counts.items():
+            total.setdefault(kind, dict.fromkeys(counts, 0))[key] += count
+
+
 def pooled_confusion(by_kind):
     """Returns the confusion counts of {kind: counts} summed over kinds."""
     return {key: sum(counts[key] for counts in by_kind.values()) for key in _no_decisions()}

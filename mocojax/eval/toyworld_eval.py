@@ -258,11 +258,9 @@ def _judge_scores(examples, outputs):
             decisions, _ = roles.parse_decisions(text, len(rubric))
         accuracy.append(toyroles.judge_accuracy(rubric, e["caption"], decisions)[0])
         always_1.append(toyroles.judge_accuracy(rubric, e["caption"], [1] * len(rubric))[0])
-        for kind, counts in toyroles.judge_confusion(
-            rubric, e["caption"], decisions, by_kind=True
-        ).items():
-            for key, count in counts.items():
-                by_kind.setdefault(kind, dict.fromkeys(counts, 0))[key] += count
+        toyroles.add_confusion(
+            by_kind, toyroles.judge_confusion(rubric, e["caption"], decisions, by_kind=True)
+        )
     return toyroles.pooled_confusion(by_kind), accuracy, always_1, by_kind
 
 
@@ -275,11 +273,12 @@ def within_kind_balanced_accuracy(by_kind):
     it. Kinds whose items are all met or all unmet are left out (no rate to balance); 0.5 when
     no kind has both.
     """
-    scores = _kind_balanced_accuracies(by_kind)
+    scores = kind_balanced_accuracies(by_kind)
     return float(np.mean(list(scores.values()))) if scores else 0.5
 
 
-def _kind_balanced_accuracies(by_kind):
+def kind_balanced_accuracies(by_kind):
+    """Returns {kind: balanced accuracy} of the kinds with both met and unmet items."""
     return {
         kind: toyroles.balanced_accuracy(counts)
         for kind, counts in sorted(by_kind.items())
@@ -295,7 +294,7 @@ def worst_kind_balanced_accuracy(by_kind):
     within kinds on average but 0.60 on attribute items said "yes" to 51% of the false
     attribute items on the Policy's samples at the start of RL and 79% after 60 updates, as the
     Policy learned to write captions that pass them; its F1 fell."""
-    scores = _kind_balanced_accuracies(by_kind)
+    scores = kind_balanced_accuracies(by_kind)
     return float(min(scores.values())) if scores else 0.5
 
 

@@ -126,6 +126,12 @@ def toy_truth(scene, rollout, g):
                 for f, v in zip(facts, values)
             ]
         )
+    by_kind = {}
+    for caption, values in zip(rollout.captions[g], rollout.decisions[g]):
+        if not values:
+            continue
+        counts = toyroles.judge_confusion(rollout.rubrics[g], caption, values, by_kind=True)
+        toyroles.add_confusion(by_kind, counts)
     return {
         "f1": [m["f1"] for m in metrics],
         "hallucinated": [len(m["hallucinated"]) for m in metrics],
@@ -133,6 +139,7 @@ def toy_truth(scene, rollout, g):
         "breakdown": tw.caption_breakdown(metrics),
         "item_true": item_true,
         "decision_right": decision_right,
+        "judge_by_kind": by_kind,
     }
 
 
@@ -162,6 +169,7 @@ def truth_metrics(truths, rewards):
         out["true/rubric_item_unreadable"] = float(np.mean([v is None for v in items]))
     if decisions:
         out["true/judge_accuracy"] = float(np.mean(decisions))
+    out.update(_judge_kind_metrics(truths))
     # Does the rubric reward rank captions as the truth does? Pearson r over this step's captions,
     # and (what GRPO uses: ranks within a group) the mean r within groups where both vary.
     if np.std(f1) > 0 and np.std(rewards) > 0:
@@ -169,6 +177,26 @@ def truth_metrics(truths, rewards):
     within = within_group_corr(rewards, [t["f1"] for t in truths])
     if within is not None:
         out["true/reward_f1_corr_within"] = within
+    return out
+
+
+def _judge_kind_metrics(truths):
+    """Returns the Judge's balanced accuracy on this step's samples, per item kind and averaged
+    over kinds ("true/judge_balanced_accuracy_<kind>", "..._within_kind", "..._worst_kind"), for
+    the kinds with both met and unmet items among them (none: nothing).
+
+    Its accuracy alone hides the kind RL exploits: measured (docs/results.md, session 15) a Judge
+    right on 90% of RL's decisions said "1" to 96% of the unmet count items ("mentions at most
+    one square" on a caption naming two), which an always-"1" Judge also does."""
+    by_kind = {}
+    for t in truths:
+        toyroles.add_confusion(by_kind, t.get("judge_by_kind", {}))
+    scores = toyworld_eval.kind_balanced_accuracies(by_kind)
+    if not scores:
+        return {}
+    out = {f"true/judge_balanced_accuracy_{kind}": float(v) for kind, v in scores.items()}
+    out["true/judge_balanced_accuracy_within_kind"] = float(np.mean(list(scores.values())))
+    out["true/judge_balanced_accuracy_worst_kind"] = float(min(scores.values()))
     return out
 
 
