@@ -81,6 +81,9 @@ def get_config(arg=""):
     # True (needs judge_per_item): each per-item Judge example becomes a minimal pair, the same
     # item on two captions that differ only where the item looks (data/toypairs.py).
     config.data.judge_pairs = False
+    # True: the Judge's captions also include the scene's caption with one shape named once more
+    # than the scene has it (toyworld.repeat_captions), so unmet count items are not rare.
+    config.data.judge_repeats = False
     # the per-item Judge's question: "rubric" (the role prompt, roles.judge_item_messages) or
     # "check" ("Caption: ...\nCheck: <criterion>" -> yes / no: the toy base's `truth` task form);
     # "echo" / "reason": the check question, the reply restating the criterion (then the

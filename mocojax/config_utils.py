@@ -223,7 +223,7 @@ def validate(config, stages):
             f"must be one of {toyroles.RATIONALES} ('mentions' on data.source='toyworld': the "
             "caption's mentions of the item's shape, read with the toy world's parser)",
         )
-    for key in toyroles.RUBRIC_DEFAULTS:
+    for key in (*toyroles.RUBRIC_DEFAULTS, "judge_repeats"):
         if key in config.data:
             _check(config, f"data.{key}", lambda v: isinstance(v, bool), "must be True or False")
     if "pair_tokens" in config.data:
@@ -567,18 +567,14 @@ def sft_examples(config, processor=None):
             ),
         )
     if data.source == "toyworld":
-        drop = data.get("policy_drop", 0.0)
-        options = toyroles.rubric_options(data)
-        train = toyroles.sft_records(
-            data.seed, data.num_train_scenes, tuple(data.mix), policy_drop=drop, **options
+        options = dict(
+            policy_drop=data.get("policy_drop", 0.0),
+            judge_repeats=data.get("judge_repeats", False),
+            **toyroles.rubric_options(data),
         )
+        train = toyroles.sft_records(data.seed, data.num_train_scenes, tuple(data.mix), **options)
         held_out = toyroles.sft_records(
-            data.seed,
-            data.num_eval_scenes,
-            tuple(data.mix),
-            start=data.num_train_scenes,
-            policy_drop=drop,
-            **options,
+            data.seed, data.num_eval_scenes, tuple(data.mix), start=data.num_train_scenes, **options
         )
     else:
         train, held_out = (

@@ -320,6 +320,40 @@ def test_count_items_by_hand():
         ), caption
 
 
+def test_repeat_captions_name_a_shape_more_often_than_the_scene_has_it():
+    lone = Scene("lone", "black", (Obj("star", "yellow", "large", "center"),))
+    fact = toyroles.parse_criterion("mentions at most one star")
+    unmet = []
+    for salt in range(20):
+        for c in tw.repeat_captions(lone, seed=3, count=2, salt=salt):
+            mentions, background = tw.parse_caption(c["caption"])
+            shapes = [m.shape for m in mentions]
+            # the last error is always the repeat: some shape is named twice (the scene has
+            # each of its shapes once; an invented object may be the one repeated)
+            assert c["errors"][-1] == "repeated_object", c
+            assert max(shapes.count(s) for s in shapes) >= 2, c
+            unmet.append(toyroles.judge_fact(fact, mentions, background).value == 0)
+    # without an invented object (half the captions or more) the star is the one repeated
+    assert np.mean(unmet) >= 0.5
+
+
+def test_judge_repeats_gives_the_judge_unmet_count_items():
+    """Seed 4, 300 scenes, balanced per-item Judge examples: count items are rare without it."""
+    rubric = dict(absent_shapes=True, count_items=True, attribute_items=False)
+
+    def count_examples(judge_repeats):
+        recs = toyroles.sft_records(4, 300, (0, 0, 1), judge_repeats=judge_repeats, **rubric)
+        items = toyroles.balance_judge_items(records.judge_items(recs), 4)
+        return [e for e in items if "at most" in e["item"][0]]
+
+    plain, repeats = count_examples(False), count_examples(True)
+    assert len(repeats) > 1.6 * len(plain)
+    # the default's records are unchanged by the option's existence
+    assert toyroles.sft_records(4, 5, (2, 1, 1)) == toyroles.sft_records(
+        4, 5, (2, 1, 1), judge_repeats=False
+    )
+
+
 def test_every_object_items_pay_each_named_object_in_every_sample():
     """every_object: one "mentions a <colour> <shape>" item per object of the scene after the shape
     items, in place of the deficiency item naming the same pair; dropping an object then costs

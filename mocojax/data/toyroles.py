@@ -204,6 +204,7 @@ def scene_sft_records(
     mix=(2, 1, 1),
     num_candidates=4,
     policy_drop=0.0,
+    judge_repeats=False,
     **rubric,
 ):
     """Returns the SFT records of one scene: mix = (policy, generator, judge) record counts.
@@ -217,6 +218,8 @@ def scene_sft_records(
     Judge targets are exactly right by construction (computed from the parsed caption).
     policy_drop > 0: Policy targets leave out each object with that probability
     (`toyworld.terse_caption`), as captions that skip details; the roles keep full references.
+    judge_repeats: the Judge's captions are also drawn from `toyworld.repeat_captions` (a shape
+    named more often than the scene has it), so unmet count items are not rare.
     rubric: `rubric_facts`'s options (`only_item`, `attribute_items`, `absent_shapes`; the keys
     of RUBRIC_DEFAULTS), as `rubric_options(config.data)` gives them.
 
@@ -268,7 +271,8 @@ def scene_sft_records(
                 }
             )
     unseen = tw.weak_captions(scene, seed, num_candidates, salt=1000)
-    pool = [(c["id"], c["caption"]) for c in shown + unseen[:2]]
+    repeats = tw.repeat_captions(scene, seed, 2, salt=2000) if judge_repeats else []
+    pool = [(c["id"], c["caption"]) for c in shown + unseen[:2] + repeats]
     rng = _rng(seed, 3, scene)
     facts = [parse_criterion(item.criterion) for item in judged_rubric]
 
@@ -301,13 +305,17 @@ def scene_sft_records(
     return records
 
 
-def sft_records(seed, num_scenes, mix=(2, 1, 1), start=0, policy_drop=0.0, **rubric):
-    """Returns the SFT records of scenes start..start+num_scenes-1, grouped by scene (rubric:
-    `rubric_facts`'s options, as in `scene_sft_records`)."""
+def sft_records(
+    seed, num_scenes, mix=(2, 1, 1), start=0, policy_drop=0.0, judge_repeats=False, **rubric
+):
+    """Returns the SFT records of scenes start..start+num_scenes-1, grouped by scene
+    (policy_drop, judge_repeats and rubric, `rubric_facts`'s options: as in `scene_sft_records`)."""
     return [
         record
         for scene in tw.make_scenes(seed, num_scenes, start)
-        for record in scene_sft_records(scene, seed, mix, policy_drop=policy_drop, **rubric)
+        for record in scene_sft_records(
+            scene, seed, mix, policy_drop=policy_drop, judge_repeats=judge_repeats, **rubric
+        )
     ]
 
 

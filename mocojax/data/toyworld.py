@@ -161,6 +161,22 @@ def _apply_error(scene, mentions, background, error, rng):
         return mentions[:drop] + mentions[drop + 1 :], background
     if error == "missing_background":
         return (mentions, None) if background else None
+    if error == "repeated_object":
+        # A second mention of a shape the caption names: the same colour in another cell, or a
+        # colour no object of that shape has (what a Policy's repeats and recolourings look like).
+        free_cells = [p for p in POSITIONS if p not in used_cells]
+        if not free_cells or not mentions:
+            return None
+        base = mentions[int(rng.integers(len(mentions)))]
+        colours = [base.colour] + [c for c in COLOURS if (base.shape, c) not in used_pairs]
+        extra = Mention(
+            base.shape,
+            colours[int(rng.integers(len(colours)))],
+            SIZES[int(rng.integers(2))],
+            free_cells[int(rng.integers(len(free_cells)))],
+        )
+        at = int(rng.integers(len(mentions) + 1))
+        return mentions[:at] + [extra] + mentions[at:], background
     if error == "hallucinated_object":
         free_pairs = [(s, c) for s in SHAPES for c in COLOURS if (s, c) not in used_pairs]
         free_cells = [p for p in POSITIONS if p not in used_cells]
@@ -256,6 +272,37 @@ def weak_captions(scene, seed, count=4, salt=0):
             caption = write_caption(mentions, background, rng)
         captions.append(
             {"id": f"{scene.id}/weak{salt}-{j}", "caption": caption, "errors": errors, "kind": kind}
+        )
+    return captions
+
+
+def repeat_captions(scene, seed, count=2, salt=0):
+    """Returns `count` dicts {id, caption, errors, kind "repeat"}: the scene's caption with, half
+    the time, one more error of ERROR_TYPES, then a second mention of a shape it names
+    (`_apply_error`'s "repeated_object"), so it names that shape more often than the scene has it.
+
+    Weak captions rarely do (6% of the count items they are judged on are unmet, seed 4), while
+    RL's samples repeat and recolour objects; these give a Judge the unmet count items to learn
+    from (`data.judge_repeats`). A caption that cannot take the repeat (no free cell) is the
+    scene's caption with its errors alone.
+    """
+    rng = np.random.default_rng([seed, 5, salt, *map(ord, scene.id)])
+    captions = []
+    for j in range(count):
+        mentions = [_mention_of(scene.objects[i]) for i in rng.permutation(len(scene.objects))]
+        background, errors = scene.background, []
+        todo = [ERROR_TYPES[int(rng.integers(len(ERROR_TYPES)))]] if rng.random() < 0.5 else []
+        for error in todo + ["repeated_object"]:
+            applied = _apply_error(scene, mentions, background, error, rng)
+            if applied is not None:
+                (mentions, background), errors = applied, errors + [error]
+        captions.append(
+            {
+                "id": f"{scene.id}/repeat{salt}-{j}",
+                "caption": write_caption(mentions, background, rng),
+                "errors": errors,
+                "kind": "repeat",
+            }
         )
     return captions
 
