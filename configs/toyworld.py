@@ -84,6 +84,9 @@ def get_config(arg=""):
     # True: the Judge's captions also include the scene's caption with one shape named once more
     # than the scene has it (toyworld.repeat_captions), so unmet count items are not rare.
     config.data.judge_repeats = False
+    # True: ... and captions that name no object (the background alone, a caption cut short;
+    # toyworld.fragment_captions), what RL's samples look like when it collapses.
+    config.data.judge_fragments = False
     # the per-item Judge's question: "rubric" (the role prompt, roles.judge_item_messages) or
     # "check" ("Caption: ...\nCheck: <criterion>" -> yes / no: the toy base's `truth` task form);
     # "echo" / "reason": the check question, the reply restating the criterion (then the

@@ -337,6 +337,27 @@ def test_repeat_captions_name_a_shape_more_often_than_the_scene_has_it():
     assert np.mean(unmet) >= 0.5
 
 
+def test_fragment_captions_are_the_background_alone_or_a_caption_cut_short():
+    scene = Scene(
+        "two",
+        "gray",
+        (Obj("circle", "blue", "large", "center"), Obj("star", "red", "small", "top")),
+    )
+    present = toyroles.parse_criterion("mentions a blue circle")
+    kinds = []
+    for salt in range(15):
+        for c in tw.fragment_captions(scene, seed=2, count=2, salt=salt):
+            mentions, background = tw.parse_caption(c["caption"])
+            kinds.append(c["errors"])
+            if c["errors"] == ["background_only"]:
+                assert mentions == [] and background == "gray", c
+                assert toyroles.judge_fact(present, mentions, background).value == 0
+            else:
+                assert c["errors"] == ["truncated"] and c["caption"].endswith("."), c
+                assert len(mentions) <= 2 and len(c["caption"].split()) >= 2, c
+    assert 0.25 < kinds.count(["background_only"]) / len(kinds) < 0.75
+
+
 def test_judge_repeats_gives_the_judge_unmet_count_items():
     """Seed 4, 300 scenes, balanced per-item Judge examples: count items are rare without it."""
     rubric = dict(absent_shapes=True, count_items=True, attribute_items=False)
@@ -348,6 +369,15 @@ def test_judge_repeats_gives_the_judge_unmet_count_items():
 
     plain, repeats = count_examples(False), count_examples(True)
     assert len(repeats) > 1.6 * len(plain)
+    # judge_fragments: captions that name no object, their presence items labelled "0"
+    recs = toyroles.sft_records(4, 100, (0, 0, 1), judge_fragments=True, **rubric)
+    empty = [
+        e
+        for e in records.judge_items(recs)
+        if not tw.parse_caption(e["caption"])[0] and e["item"][0].startswith("mentions a ")
+    ]
+    assert len(empty) > 20
+    assert all(roles.parse_decisions(e["target"], 1)[0][0].value == 0 for e in empty)
     # the default's records are unchanged by the option's existence
     assert toyroles.sft_records(4, 5, (2, 1, 1)) == toyroles.sft_records(
         4, 5, (2, 1, 1), judge_repeats=False

@@ -205,6 +205,7 @@ def scene_sft_records(
     num_candidates=4,
     policy_drop=0.0,
     judge_repeats=False,
+    judge_fragments=False,
     **rubric,
 ):
     """Returns the SFT records of one scene: mix = (policy, generator, judge) record counts.
@@ -220,6 +221,8 @@ def scene_sft_records(
     (`toyworld.terse_caption`), as captions that skip details; the roles keep full references.
     judge_repeats: the Judge's captions are also drawn from `toyworld.repeat_captions` (a shape
     named more often than the scene has it), so unmet count items are not rare.
+    judge_fragments: ... and from `toyworld.fragment_captions` (the background alone, a caption
+    cut short), so a caption that names no object is seen failing its presence items.
     rubric: `rubric_facts`'s options (`only_item`, `attribute_items`, `absent_shapes`; the keys
     of RUBRIC_DEFAULTS), as `rubric_options(config.data)` gives them.
 
@@ -272,7 +275,8 @@ def scene_sft_records(
             )
     unseen = tw.weak_captions(scene, seed, num_candidates, salt=1000)
     repeats = tw.repeat_captions(scene, seed, 2, salt=2000) if judge_repeats else []
-    pool = [(c["id"], c["caption"]) for c in shown + unseen[:2] + repeats]
+    fragments = tw.fragment_captions(scene, seed, 2, salt=3000) if judge_fragments else []
+    pool = [(c["id"], c["caption"]) for c in shown + unseen[:2] + repeats + fragments]
     rng = _rng(seed, 3, scene)
     facts = [parse_criterion(item.criterion) for item in judged_rubric]
 
@@ -306,15 +310,28 @@ def scene_sft_records(
 
 
 def sft_records(
-    seed, num_scenes, mix=(2, 1, 1), start=0, policy_drop=0.0, judge_repeats=False, **rubric
+    seed,
+    num_scenes,
+    mix=(2, 1, 1),
+    start=0,
+    policy_drop=0.0,
+    judge_repeats=False,
+    judge_fragments=False,
+    **rubric,
 ):
     """Returns the SFT records of scenes start..start+num_scenes-1, grouped by scene
-    (policy_drop, judge_repeats and rubric, `rubric_facts`'s options: as in `scene_sft_records`)."""
+    (policy_drop, judge_repeats, judge_fragments and rubric, `rubric_facts`'s options: as in `scene_sft_records`)."""
     return [
         record
         for scene in tw.make_scenes(seed, num_scenes, start)
         for record in scene_sft_records(
-            scene, seed, mix, policy_drop=policy_drop, judge_repeats=judge_repeats, **rubric
+            scene,
+            seed,
+            mix,
+            policy_drop=policy_drop,
+            judge_repeats=judge_repeats,
+            judge_fragments=judge_fragments,
+            **rubric,
         )
     ]
 

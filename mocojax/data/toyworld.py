@@ -307,6 +307,40 @@ def repeat_captions(scene, seed, count=2, salt=0):
     return captions
 
 
+def fragment_captions(scene, seed, count=2, salt=0):
+    """Returns `count` dicts {id, caption, errors, kind "fragment"}: what a Policy writes when RL
+    has collapsed it, each one of (drawn evenly)
+    - the background alone ("On a gray background.", "The background is gray."), and
+    - the scene's caption cut after its first 2..n-1 words ("A large blue circle can.").
+
+    Weak captions always name an object, so a Judge trained on them had never seen a caption
+    that names none; measured (docs/results.md, session 15) it passed "mentions a blue circle"
+    on "On a gray background." and RL collapsed onto such captions. `data.judge_fragments`
+    puts these in the Judge's captions.
+    """
+    rng = np.random.default_rng([seed, 6, salt, *map(ord, scene.id)])
+    bg = scene.background
+    captions = []
+    for j in range(count):
+        if rng.random() < 0.5:
+            frames = (f"On a {bg} background.", f"The background is {bg}.", f"A {bg} background.")
+            caption, errors = str(frames[int(rng.integers(len(frames)))]), ["background_only"]
+        else:
+            mentions = [_mention_of(scene.objects[i]) for i in rng.permutation(len(scene.objects))]
+            words = write_caption(mentions, bg, rng).rstrip(".").split()
+            cut = int(rng.integers(2, max(3, len(words))))
+            caption, errors = " ".join(words[:cut]).rstrip(",") + ".", ["truncated"]
+        captions.append(
+            {
+                "id": f"{scene.id}/fragment{salt}-{j}",
+                "caption": caption,
+                "errors": errors,
+                "kind": "fragment",
+            }
+        )
+    return captions
+
+
 def _words(text):
     """Returns the lower-cased words and separator punctuation of `text`."""
     return re.findall(r"[a-z]+|[,.;:]", text.lower())
