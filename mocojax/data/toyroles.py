@@ -309,30 +309,13 @@ def scene_sft_records(
     return records
 
 
-def sft_records(
-    seed,
-    num_scenes,
-    mix=(2, 1, 1),
-    start=0,
-    policy_drop=0.0,
-    judge_repeats=False,
-    judge_fragments=False,
-    **rubric,
-):
-    """Returns the SFT records of scenes start..start+num_scenes-1, grouped by scene
-    (policy_drop, judge_repeats, judge_fragments and rubric, `rubric_facts`'s options: as in `scene_sft_records`)."""
+def sft_records(seed, num_scenes, mix=(2, 1, 1), start=0, **options):
+    """Returns the SFT records of scenes start..start+num_scenes-1, grouped by scene (options:
+    `scene_sft_records`' keywords: policy_drop, judge_repeats, judge_fragments and the rubric's)."""
     return [
         record
         for scene in tw.make_scenes(seed, num_scenes, start)
-        for record in scene_sft_records(
-            scene,
-            seed,
-            mix,
-            policy_drop=policy_drop,
-            judge_repeats=judge_repeats,
-            judge_fragments=judge_fragments,
-            **rubric,
-        )
+        for record in scene_sft_records(scene, seed, mix, **options)
     ]
 
 

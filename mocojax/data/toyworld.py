@@ -205,6 +205,16 @@ def _apply_error(scene, mentions, background, error, rng):
     return mentions[:k] + [new] + mentions[k + 1 :], background
 
 
+def _with_errors(scene, mentions, background, todo, rng):
+    """Returns (mentions, background, the errors of `todo` that applied), applied in order."""
+    errors = []
+    for error in todo:
+        applied = _apply_error(scene, mentions, background, error, rng)
+        if applied is not None:
+            (mentions, background), errors = applied, errors + [error]
+    return mentions, background, errors
+
+
 def candidate_captions(scene, seed, count=4):
     """Returns `count` dicts {id, caption, errors}: captions with 0-2 controlled errors each."""
     rng = np.random.default_rng([seed, 2, *map(ord, scene.id)])
@@ -265,10 +275,7 @@ def weak_captions(scene, seed, count=4, salt=0):
                 ]
             else:
                 todo = []
-            for error in todo:
-                applied = _apply_error(scene, mentions, background, error, rng)
-                if applied is not None:
-                    (mentions, background), errors = applied, errors + [error]
+            mentions, background, errors = _with_errors(scene, mentions, background, todo, rng)
             caption = write_caption(mentions, background, rng)
         captions.append(
             {"id": f"{scene.id}/weak{salt}-{j}", "caption": caption, "errors": errors, "kind": kind}
@@ -290,12 +297,10 @@ def repeat_captions(scene, seed, count=2, salt=0):
     captions = []
     for j in range(count):
         mentions = [_mention_of(scene.objects[i]) for i in rng.permutation(len(scene.objects))]
-        background, errors = scene.background, []
         todo = [ERROR_TYPES[int(rng.integers(len(ERROR_TYPES)))]] if rng.random() < 0.5 else []
-        for error in todo + ["repeated_object"]:
-            applied = _apply_error(scene, mentions, background, error, rng)
-            if applied is not None:
-                (mentions, background), errors = applied, errors + [error]
+        mentions, background, errors = _with_errors(
+            scene, mentions, scene.background, todo + ["repeated_object"], rng
+        )
         captions.append(
             {
                 "id": f"{scene.id}/repeat{salt}-{j}",
