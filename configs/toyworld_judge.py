@@ -2,7 +2,7 @@
 session 15): a Judge-only warm-up, role SFT with the Policy's share raised, then 600 Policy RL
 updates scored by the EMA model as Judge, and the held-out eval of both checkpoints.
 
-  python -m mocojax.main --config configs/toyworld_judge.py --workdir runs/toyworld_judge   # ~45 min on 2 cores
+  python -m mocojax.main --config configs/toyworld_judge.py --workdir runs/toyworld_judge   # 32-36 min on 2 cores
   python -m mocojax.main --config configs/toyworld_judge.py:tiny --workdir /tmp/judge_tiny  # smoke run
 
 What differs from configs/toyworld.py, and why:
@@ -18,6 +18,11 @@ What differs from configs/toyworld.py, and why:
 - **the Generator is the world's exact one** (`rl.generator="exact"`): a learned Generator of
   this rubric is not trained yet, so this config measures the learned Judge alone. The Judge is
   the EMA of the Policy (m = 0.99, H = 1), as the method's.
+
+Measured (200 held-out scenes): seed 4 SFT F1 0.585 -> RL 0.602 (+0.017; exact roles from the
+same SFT +0.051); seed 1 0.575 -> 0.193, RL collapsed onto captions that name no object, which
+this Judge passes. `--config.data.judge_fragments=True --config.data.judge_repeats=True` show
+the Judge such captions and repeated shapes: no collapse, 0.572 -> 0.501 (one-object captions).
 """
 
 from configs import toyworld
