@@ -366,6 +366,29 @@ def test_judge_confusion_and_balanced_accuracy_by_hand():
     }
 
 
+def test_gaming_watch_warns_once_when_the_reward_ranks_against_the_truth(caplog):
+    watch = rl_evals.GamingWatch(3)
+    key = "true/reward_f1_corr_within"
+    assert watch.update(1, {key: 0.5}) == {}
+    assert watch.update(2, {}) == {}  # no value this update: not counted
+    assert watch.update(3, {key: -0.4}) == {}  # window not full yet
+    with caplog.at_level("WARNING"):
+        out = watch.update(4, {key: -0.5})  # mean (0.5 - 0.4 - 0.5) / 3 < 0
+    assert out["true/reward_f1_corr_within_window"] == pytest.approx(-0.4 / 3)
+    assert watch.warned_at == 4 and "REWARD GAMED at step 4" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        out = watch.update(5, {key: -0.9})  # (-0.4 - 0.5 - 0.9) / 3: still below, warned already
+    assert out["true/reward_f1_corr_within_window"] == pytest.approx(-0.6)
+    assert "REWARD GAMED" not in caplog.text
+    # A reward that ranks as the truth does never warns; window 0 is off.
+    healthy = rl_evals.GamingWatch(2)
+    for step in range(10):
+        healthy.update(step, {key: 0.3})
+    assert healthy.warned_at is None
+    assert rl_evals.GamingWatch(0).update(1, {key: -1.0}) == {}
+
+
 def test_within_group_corr_by_hand():
     rewards = [[0.0, 0.5, 1.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.5]]
     f1 = [[0.1, 0.2, 0.3], [0.1, 0.5, 0.9], [0.2, 0.4, 0.6]]

@@ -375,6 +375,7 @@ def run_rl(config, workdir):
         writer.write(0, initial)
     theta_at_sync = momentum.displacement_reference(state["params"], schedule)
     samples = SamplesFile(workdir, start)
+    watch = rl_evals.GamingWatch(rl.get("gaming_window", 0))
     last = {}
     for step in range(start + 1, rl.num_steps + 1):
         t0 = time.perf_counter()
@@ -421,6 +422,7 @@ def run_rl(config, workdir):
             "lr": float(lr(step - 1)),
             **evals.after_update(step, state["params"]),
         }
+        last.update(watch.update(step, last))
         writer.write(step, last, tokens=int(rollout.lengths.sum()))
         guard.update(int(step_metrics["skipped"]), step, cleanup=(manager.close, writer.close))
         if step % rl.log_samples_every == 0:

@@ -102,6 +102,10 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.judge_gate_scenes = 50
 
     rl.evals = ""  # eval hooks (EVALS): "" none; configs/toyworld.py sets "toyworld"
+    # Toy world: warn loudly once the mean within-group r(reward, true F1) over the last this
+    # many updates that have one is below 0 (the reward ranks captions against the truth: a
+    # gamed Judge); 0: off. Measured: a run that collapsed went negative ~350 updates before its end.
+    rl.gaming_window = 50
     rl.log_samples_every = 5  # K: one step's groups go to <workdir>/rl_samples.jsonl
     rl.eval_every = 0  # > 0: held-out toy-world eval at the start and every n steps (0: none; the eval stage scores checkpoints)
     rl.checkpoint_every = 20
@@ -200,7 +204,7 @@ def validate(rl) -> None:
         value = rl[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             _fail(key, value, "must be a positive int")
-    for key in ("num_scenes", "eval_every", "top_k"):
+    for key in ("num_scenes", "eval_every", "top_k", "gaming_window"):
         if not isinstance(rl[key], int) or rl[key] < 0:
             _fail(key, rl[key], "must be an int >= 0")
     if rl.subset_size > rl.num_samples:

@@ -6,6 +6,7 @@ other data) returns nothing; the reward sources score each step's captions, rubr
 and Judge decisions against the scenes' exact truth with `toy_truth` / `truth_metrics`.
 """
 
+import collections
 import logging
 
 import numpy as np
@@ -198,6 +199,48 @@ def _judge_kind_metrics(truths):
     out["true/judge_balanced_accuracy_within_kind"] = float(np.mean(list(scores.values())))
     out["true/judge_balanced_accuracy_worst_kind"] = float(min(scores.values()))
     return out
+
+
+class GamingWatch:
+    """Warns once when the reward stops ranking captions as the truth does (toy world).
+
+    Keeps the last `window` values of "true/reward_f1_corr_within" (updates without one, where
+    every group's reward or F1 was constant, are not counted); once the window is full, logs
+    their mean as "true/reward_f1_corr_within_window" and warns the first time it is below 0.
+    Measured (docs/results.md, session 15): a learned Judge passed presence items on captions
+    that name no object, the reward rose 0.69 -> 0.83 while F1 fell to the image-blind level,
+    and this mean stayed negative for the last ~350 of 600 updates. window 0: off. The window
+    restarts when a run resumes.
+    """
+
+    def __init__(self, window):
+        self.window = window
+        self.values = collections.deque(maxlen=max(window, 1))
+        self.warned_at = None
+
+    def update(self, step, metrics):
+        """Returns {"true/reward_f1_corr_within_window": mean} once the window is full, else {}."""
+        value = metrics.get("true/reward_f1_corr_within")
+        if not self.window or value is None:
+            return {}
+        self.values.append(value)
+        if len(self.values) < self.window:
+            return {}
+        mean = float(np.mean(self.values))
+        if mean < 0 and self.warned_at is None:
+            self.warned_at = step
+            logging.warning("!" * 80)
+            logging.warning(
+                "REWARD GAMED at step %d: the mean within-group r(reward, true F1) over the last "
+                "%d updates is %.3f < 0, so raising the reward lowers caption quality (e.g. a "
+                "Judge that passes what it should fail). Look at rl_samples.jsonl and the "
+                "true/judge_balanced_accuracy_* metrics; config.rl.gaming_window=0 silences this.",
+                step,
+                self.window,
+                mean,
+            )
+            logging.warning("!" * 80)
+        return {"true/reward_f1_corr_within_window": mean}
 
 
 def within_group_corr(rewards, f1):
