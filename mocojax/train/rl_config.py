@@ -104,7 +104,7 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.evals = ""  # eval hooks (EVALS): "" none; configs/toyworld.py sets "toyworld"
     # Toy world: warn loudly once the mean within-group r(reward, true F1) over the last this
     # many updates that have one is below 0 (the reward ranks captions against the truth: a
-    # gamed Judge); 0: off. Measured: a run that collapsed went negative ~350 updates before its end.
+    # gamed Judge); 0: off. Measured: a collapsed run went below 0 at update 294 of 600.
     rl.gaming_window = 50
     rl.log_samples_every = 5  # K: one step's groups go to <workdir>/rl_samples.jsonl
     rl.eval_every = 0  # > 0: held-out toy-world eval at the start and every n steps (0: none; the eval stage scores checkpoints)

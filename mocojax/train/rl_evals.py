@@ -209,8 +209,8 @@ class GamingWatch:
     their mean as "true/reward_f1_corr_within_window" and warns the first time it is below 0.
     Measured (docs/results.md, session 15): a learned Judge passed presence items on captions
     that name no object, the reward rose 0.69 -> 0.83 while F1 fell to the image-blind level,
-    and this mean stayed negative for the last ~350 of 600 updates. window 0: off. The window
-    restarts when a run resumes.
+    and this mean was negative from update 294 of 600 on (healthy runs: never below 0.3).
+    window 0: off. The window restarts when a run resumes.
     """
 
     def __init__(self, window):
