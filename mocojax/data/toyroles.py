@@ -43,6 +43,7 @@ from mocojax.data.toyroles_facts import (  # noqa: F401
     _value_phrase,
     add_confusion,
     balanced_accuracy,
+    count_decision,
     fact_is_true,
     item_of,
     judge_accuracy,

@@ -273,16 +273,20 @@ def judge_confusion(rubric_items, caption, decisions, by_kind=False):
     counts = {}
     for item, decision in zip(rubric_items, decisions):
         fact = parse_criterion(item.criterion)
-        bucket = counts.setdefault(
-            "unreadable" if fact is None else report_kind(fact), _no_decisions()
-        )
-        if fact is None:
-            bucket["unreadable"] += 1
-            continue
-        truth = judge_fact(fact, mentions, background).value
         said = int(getattr(decision, "value", decision))
-        bucket[("t" if said == truth else "f") + ("p" if said else "n")] += 1
+        right = fact is not None and judge_fact(fact, mentions, background).value == said
+        count_decision(counts, fact, said, right)
     return counts if by_kind else pooled_confusion(counts)
+
+
+def count_decision(counts, fact, said, right):
+    """Counts one Judge decision (said 0/1, right or not) of `fact` (None: unreadable) into
+    counts, {`report_kind` or "unreadable": confusion counts} (in place)."""
+    bucket = counts.setdefault("unreadable" if fact is None else report_kind(fact), _no_decisions())
+    if fact is None:
+        bucket["unreadable"] += 1
+    else:
+        bucket[("t" if right else "f") + ("p" if said else "n")] += 1
 
 
 def add_confusion(total, by_kind):

@@ -118,21 +118,16 @@ def toy_truth(scene, rollout, g):
     metrics = [tw.caption_metrics(scene, caption) for caption in rollout.captions[g]]
     facts = [toyroles.parse_criterion(item.criterion) for item in rollout.rubrics[g]]
     item_true = [None if f is None else toyroles.fact_is_true(scene, f) for f in facts]
-    decision_right = []
+    decision_right, by_kind = [], {}  # by_kind: the Judge's confusion counts per item kind
     for caption, values in zip(rollout.captions[g], rollout.decisions[g]):
         mentions, background = tw.parse_caption(caption)
-        decision_right.append(
-            [
-                None if f is None else int(toyroles.judge_fact(f, mentions, background).value == v)
-                for f, v in zip(facts, values)
-            ]
-        )
-    by_kind = {}
-    for caption, values in zip(rollout.captions[g], rollout.decisions[g]):
-        if not values:
-            continue
-        counts = toyroles.judge_confusion(rollout.rubrics[g], caption, values, by_kind=True)
-        toyroles.add_confusion(by_kind, counts)
+        row = [
+            None if f is None else int(toyroles.judge_fact(f, mentions, background).value == v)
+            for f, v in zip(facts, values)
+        ]
+        for f, v, right in zip(facts, values, row):
+            toyroles.count_decision(by_kind, f, int(v), bool(right))
+        decision_right.append(row)
     return {
         "f1": [m["f1"] for m in metrics],
         "hallucinated": [len(m["hallucinated"]) for m in metrics],
