@@ -87,6 +87,10 @@ def get_config(arg=""):
     # True: ... and captions that name no object (the background alone, a caption cut short;
     # toyworld.fragment_captions), what RL's samples look like when it collapses.
     config.data.judge_fragments = False
+    # True: ... and the scene's caption with an object named in a colour no object of its shape
+    # has (toyworld.recolour_captions), so "mentions a red square" is seen unmet on a caption
+    # that names a blue square (a learned Judge passed 73-98% of those on RL's samples).
+    config.data.judge_recolours = False
     # the per-item Judge's question: "rubric" (the role prompt, roles.judge_item_messages) or
     # "check" ("Caption: ...\nCheck: <criterion>" -> yes / no: the toy base's `truth` task form);
     # "echo" / "reason": the check question, the reply restating the criterion (then the

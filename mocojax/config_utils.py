@@ -223,7 +223,7 @@ def validate(config, stages):
             f"must be one of {toyroles.RATIONALES} ('mentions' on data.source='toyworld': the "
             "caption's mentions of the item's shape, read with the toy world's parser)",
         )
-    for key in (*toyroles.RUBRIC_DEFAULTS, "judge_repeats", "judge_fragments"):
+    for key in (*toyroles.RUBRIC_DEFAULTS, "judge_repeats", "judge_fragments", "judge_recolours"):
         if key in config.data:
             _check(config, f"data.{key}", lambda v: isinstance(v, bool), "must be True or False")
     if "pair_tokens" in config.data:
@@ -571,6 +571,7 @@ def sft_examples(config, processor=None):
             policy_drop=data.get("policy_drop", 0.0),
             judge_repeats=data.get("judge_repeats", False),
             judge_fragments=data.get("judge_fragments", False),
+            judge_recolours=data.get("judge_recolours", False),
             **toyroles.rubric_options(data),
         )
         train = toyroles.sft_records(data.seed, data.num_train_scenes, tuple(data.mix), **options)

@@ -557,6 +557,36 @@ def test_shipped_base_is_what_the_default_config_loads():
         ), text
 
 
+def test_rl_truth_logs_how_often_the_judge_passes_a_recoloured_object_by_hand():
+    """ "mentions a red circle" on a caption naming only a blue circle is unmet with the shape
+    named (counted); on one naming no circle it is unmet without it (not counted)."""
+    scene = Scene(
+        "s", "black", (Obj("circle", "red", "large", "center"), Obj("star", "red", "small", "top"))
+    )
+    rubric = [
+        roles.RubricItem("mentions a red circle", "named", 3.0),
+        roles.RubricItem("mentions a red star", "named", 3.0),
+    ]
+    captions = [
+        "A large blue circle is in the centre.",  # circle recoloured; no star
+        "A large blue circle and a small green star.",  # both recoloured
+        "A large red circle and a small red star.",  # both met
+    ]
+    rollout = types.SimpleNamespace(
+        captions=[captions], rubrics=[rubric], decisions=[[[1, 0], [0, 1], [1, 1]]]
+    )
+    truth = rl_evals.toy_truth(scene, rollout, 0)
+    assert truth["judge_recoloured"] == [2, 3]  # passed 2 of the 3 recoloured items
+    out = rl_evals.truth_metrics([truth], [[0.5, 0.5, 1.0]])
+    assert out["true/judge_pass_rate_recoloured"] == pytest.approx(2 / 3)
+    mentions, _ = tw.parse_caption(captions[0])
+    facts = [toyroles.parse_criterion(item.criterion) for item in rubric]
+    assert [toyroles.is_recoloured(f, mentions) for f in facts] == [True, False]
+    assert not toyroles.is_recoloured(
+        toyroles.parse_criterion("mentions at most one circle"), mentions
+    )
+
+
 def test_rl_truth_logs_the_judges_balanced_accuracy_per_kind_by_hand():
     """On RL's own samples: per item kind, and a kind with only met items left out."""
     scene = Scene("s", "black", (Obj("circle", "red", "large", "center"),))
@@ -583,6 +613,7 @@ def test_rl_truth_logs_the_judges_balanced_accuracy_per_kind_by_hand():
     assert out["true/judge_balanced_accuracy_at_most"] == 0.5  # (1 + 0) / 2
     assert out["true/judge_balanced_accuracy_within_kind"] == pytest.approx(0.75)
     assert out["true/judge_balanced_accuracy_worst_kind"] == 0.5
+    assert "true/judge_pass_rate_recoloured" not in out  # no presence item is recoloured
     # A reward without rubrics (G2P) logs none of these.
     assert not any(
         "balanced" in k

@@ -384,6 +384,48 @@ def test_judge_repeats_gives_the_judge_unmet_count_items():
     )
 
 
+def test_recolour_captions_name_an_object_in_a_colour_no_object_of_its_shape_has():
+    """Every caption names all of the scene's shapes, 1-2 objects recoloured; the recoloured
+    object's presence item is then unmet with its shape named (`toyroles.is_recoloured`)."""
+    scene = Scene(
+        "two",
+        "gray",
+        (Obj("circle", "blue", "large", "center"), Obj("circle", "red", "small", "top")),
+    )
+    items = [toyroles.parse_criterion(f"mentions a {c} circle") for c in ("blue", "red")]
+    recoloured = []
+    for salt in range(10):
+        for c in tw.recolour_captions(scene, seed=2, count=2, salt=salt):
+            mentions, background = tw.parse_caption(c["caption"])
+            assert background == "gray" and [m.shape for m in mentions] == ["circle"] * 2, c
+            assert {m.colour for m in mentions} - {"blue", "red"}, c  # a colour the scene lacks
+            assert c["errors"] in (["wrong_colour"], ["wrong_colour"] * 2), c
+            recoloured += [toyroles.is_recoloured(f, mentions) for f in items]
+    assert 0.4 < np.mean(recoloured) < 1.0  # one or both recoloured (the same one twice happens)
+
+
+def test_judge_recolours_makes_half_the_unmet_presence_items_name_the_shape():
+    """Seed 1, 300 scenes: without it a third of the Judge's unmet presence items are on captions
+    that name the item's shape in another colour, with it more than half; default unchanged."""
+    rubric = dict(absent_shapes=True, count_items=True, attribute_items=False)
+
+    def share(judge_recolours):
+        recs = toyroles.sft_records(1, 300, (0, 0, 1), judge_recolours=judge_recolours, **rubric)
+        flags = []
+        for e in records.judge_items(recs):
+            fact = toyroles.parse_criterion(e["item"][0])
+            if fact is None or fact.kind != "present":
+                continue
+            if roles.parse_decisions(e["target"], 1)[0][0].value == 0:
+                flags.append(toyroles.is_recoloured(fact, tw.parse_caption(e["caption"])[0]))
+        return np.mean(flags)
+
+    assert share(False) < 0.4 < 0.5 < share(True)
+    assert toyroles.sft_records(4, 5, (2, 1, 1)) == toyroles.sft_records(
+        4, 5, (2, 1, 1), judge_recolours=False
+    )
+
+
 def test_every_object_items_pay_each_named_object_in_every_sample():
     """every_object: one "mentions a <colour> <shape>" item per object of the scene after the shape
     items, in place of the deficiency item naming the same pair; dropping an object then costs
@@ -587,9 +629,12 @@ def test_per_item_judge_outputs_score_like_the_same_whole_rubric_outputs():
     whole_out = [roles.format_decisions([roles.Decision(int(v), "") for v in s]) for s in said]
     split = records.judge_items(whole)
     split_out = [roles.format_decisions([roles.Decision(int(v), "")]) for s in said for v in s]
-    confusion, _, _, by_kind = toyworld_eval._judge_scores(whole, whole_out)
-    item_confusion, _, _, item_by_kind = toyworld_eval._judge_scores(split, split_out)
+    confusion, _, _, by_kind, recoloured = toyworld_eval._judge_scores(whole, whole_out)
+    item_confusion, _, _, item_by_kind, item_recoloured = toyworld_eval._judge_scores(
+        split, split_out
+    )
     assert item_confusion == confusion and item_by_kind == by_kind
+    assert item_recoloured == recoloured
     assert sum(confusion[k] for k in ("tp", "fn", "tn", "fp")) == len(split)
 
 
@@ -624,12 +669,18 @@ def test_judge_on_policy_examples_carry_the_exact_decisions_on_the_policy_captio
     # The exact Judge scores 1 on them, always-"1" less, and both labels occur in some kind.
     exact = [e["target"] for e in judged]
     ones = [roles.format_decisions([roles.Decision(1, "")] * len(e["rubric"])) for e in judged]
-    confusion, accuracy, always_1, by_kind = toyworld_eval._judge_scores(judged, exact)
+    confusion, accuracy, always_1, by_kind, recoloured = toyworld_eval._judge_scores(judged, exact)
     assert np.mean(accuracy) == 1.0 and confusion["fp"] == confusion["fn"] == 0
     assert toyworld_eval.within_kind_balanced_accuracy(by_kind) == 1.0
     assert 0.2 < np.mean(always_1) < 0.9
-    _, accuracy_1, _, by_kind_1 = toyworld_eval._judge_scores(judged, ones)
+    _, accuracy_1, _, by_kind_1, recoloured_1 = toyworld_eval._judge_scores(judged, ones)
     assert accuracy_1 == always_1 and toyworld_eval.within_kind_balanced_accuracy(by_kind_1) == 0.5
+    # Recoloured presence items: the exact Judge passes none, always "1" all of them.
+    assert recoloured[0] == 0 and recoloured_1 == [recoloured[1]] * 2
+    assert toyworld_eval.recoloured_metrics("judge/", recoloured_1) == {
+        "judge/recoloured_items": recoloured[1],
+        **({"judge/recoloured_pass_rate": 1.0} if recoloured[1] else {}),
+    }
 
 
 def test_caption_breakdown_by_hand():

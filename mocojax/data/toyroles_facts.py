@@ -289,6 +289,26 @@ def count_decision(counts, fact, said, right):
         bucket[("t" if right else "f") + ("p" if said else "n")] += 1
 
 
+def is_recoloured(fact, mentions):
+    """Whether a presence item "mentions a <colour> <shape>" is unmet on a caption that names its
+    shape (in other colours): the case where a Judge that checks the shape word alone says "1"
+    (measured on RL's samples, docs/results.md session 16: 73-98% passed)."""
+    if fact is None or fact.kind != "present" or fact.referent.colour is None:
+        return False
+    shape = fact.referent.shape
+    return any(m.shape == shape for m in mentions) and not any(
+        _matches(m, fact.referent) for m in mentions
+    )
+
+
+def count_recoloured(tally, fact, mentions, said):
+    """Counts one decision into tally [passed, total] (in place) when `is_recoloured`: the
+    Judge passed (said 1) an unmet presence item whose shape the caption names."""
+    if is_recoloured(fact, mentions):
+        tally[0] += int(said)
+        tally[1] += 1
+
+
 def add_confusion(total, by_kind):
     """Adds the counts of {kind: confusion counts} into total, {kind: counts} (in place)."""
     for kind, counts in by_kind.items():

@@ -138,7 +138,9 @@ def evaluate(
             generator_examples[(k + 1) % len(generator_examples)]["target"]
         )
         truth_other.append(toyroles.rubric_truth_rate(scenes[e["scene_id"]], other_items)[0])
-    confusion, accuracy, always_1, by_kind = _judge_scores(by_role["judge"], outputs["judge"])
+    confusion, accuracy, always_1, by_kind, recoloured = _judge_scores(
+        by_role["judge"], outputs["judge"]
+    )
     said = confusion["tp"] + confusion["fp"]
     decided = said + confusion["tn"] + confusion["fn"]
     # The Judge on what RL shows it: the Policy's own captions (records like its training
@@ -148,7 +150,9 @@ def evaluate(
     on_policy_out = generate_texts(
         cfg, params, processor, on_policy, batch_size, max_new_tokens, image_size
     )
-    on_confusion, on_accuracy, on_always_1, on_by_kind = _judge_scores(on_policy, on_policy_out)
+    on_confusion, on_accuracy, on_always_1, on_by_kind, on_recoloured = _judge_scores(
+        on_policy, on_policy_out
+    )
     on_decided = sum(on_confusion.values())
     result = {
         "policy/f1": float(np.mean([m["f1"] for m in policy])),
@@ -179,6 +183,8 @@ def evaluate(
             (on_confusion["tp"] + on_confusion["fn"]) / max(on_decided, 1)
         ),
         "judge_on_policy/items": int(on_decided),
+        **recoloured_metrics("judge/", recoloured),
+        **recoloured_metrics("judge_on_policy/", on_recoloured),
         # Per item kind (present / absent / attribute / background): which lookups the Judge has.
         **{
             f"judge/balanced_accuracy_{kind}": float(toyroles.balanced_accuracy(counts))
@@ -248,8 +254,10 @@ def _asked_as(examples, judge_per_item):
 
 def _judge_scores(examples, outputs):
     """Returns (pooled confusion counts, per-record accuracy, per-record always-"1" accuracy,
-    confusion counts per item kind) of Judge outputs on Judge records, against the exact truth."""
-    accuracy, always_1, by_kind = [], [], {}
+    confusion counts per item kind, [passed, total] of the unmet presence items whose shape the
+    caption names (`toyroles.is_recoloured`)) of Judge outputs on Judge records, against the
+    exact truth."""
+    accuracy, always_1, by_kind, recoloured = [], [], {}, [0, 0]
     for e, text in zip(examples, outputs):
         rubric = [roles.RubricItem(*item) for item in ([e["item"]] if "item" in e else e["rubric"])]
         if "item" in e:
@@ -261,7 +269,25 @@ def _judge_scores(examples, outputs):
         toyroles.add_confusion(
             by_kind, toyroles.judge_confusion(rubric, e["caption"], decisions, by_kind=True)
         )
-    return toyroles.pooled_confusion(by_kind), accuracy, always_1, by_kind
+        mentions, _ = tw.parse_caption(e["caption"])
+        for item, decision in zip(rubric, decisions):
+            fact = toyroles.parse_criterion(item.criterion)
+            toyroles.count_recoloured(
+                recoloured, fact, mentions, int(getattr(decision, "value", decision))
+            )
+    return toyroles.pooled_confusion(by_kind), accuracy, always_1, by_kind, recoloured
+
+
+def recoloured_metrics(prefix, recoloured):
+    """Returns {prefix + "recoloured_pass_rate", prefix + "recoloured_items"} of a [passed,
+    total] tally (the rate only when there are items): how often the Judge passed "mentions a
+    red square" on a caption that names a square in another colour; a Judge of the shape word
+    alone scores 1.0, the exact Judge 0.0."""
+    passed, total = recoloured
+    out = {f"{prefix}recoloured_items": int(total)}
+    if total:
+        out[f"{prefix}recoloured_pass_rate"] = passed / total
+    return out
 
 
 def within_kind_balanced_accuracy(by_kind):
@@ -325,7 +351,7 @@ def judge_gate(
     outputs = generate_texts(
         cfg, params, processor, examples, batch_size, max_new_tokens, image_size=0
     )
-    confusion, _, always_1, by_kind = _judge_scores(examples, outputs)
+    confusion, _, always_1, by_kind, recoloured = _judge_scores(examples, outputs)
     decided = sum(confusion[k] for k in ("tp", "fn", "tn", "fp"))
     return {
         "balanced_accuracy_within_kind": within_kind_balanced_accuracy(by_kind),
@@ -334,6 +360,7 @@ def judge_gate(
         "accuracy": (confusion["tp"] + confusion["tn"]) / max(decided, 1),
         "accuracy_always_1": float(np.mean(always_1)),
         "num_items": decided,
+        **recoloured_metrics("", recoloured),
     }
 
 

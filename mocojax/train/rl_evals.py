@@ -119,6 +119,7 @@ def toy_truth(scene, rollout, g):
     facts = [toyroles.parse_criterion(item.criterion) for item in rollout.rubrics[g]]
     item_true = [None if f is None else toyroles.fact_is_true(scene, f) for f in facts]
     decision_right, by_kind = [], {}  # by_kind: the Judge's confusion counts per item kind
+    recoloured = [0, 0]  # unmet presence items whose shape the caption names: [passed, total]
     for caption, values in zip(rollout.captions[g], rollout.decisions[g]):
         mentions, background = tw.parse_caption(caption)
         row = [
@@ -127,6 +128,7 @@ def toy_truth(scene, rollout, g):
         ]
         for f, v, right in zip(facts, values, row):
             toyroles.count_decision(by_kind, f, int(v), bool(right))
+            toyroles.count_recoloured(recoloured, f, mentions, int(v))
         decision_right.append(row)
     return {
         "f1": [m["f1"] for m in metrics],
@@ -136,6 +138,7 @@ def toy_truth(scene, rollout, g):
         "item_true": item_true,
         "decision_right": decision_right,
         "judge_by_kind": by_kind,
+        "judge_recoloured": recoloured,
     }
 
 
@@ -166,6 +169,9 @@ def truth_metrics(truths, rewards):
     if decisions:
         out["true/judge_accuracy"] = float(np.mean(decisions))
     out.update(_judge_kind_metrics(truths))
+    passed, total = (sum(t.get("judge_recoloured", (0, 0))[i] for t in truths) for i in (0, 1))
+    if total:  # a Judge of the shape word alone: 1.0; the exact Judge: 0.0
+        out["true/judge_pass_rate_recoloured"] = passed / total
     # Does the rubric reward rank captions as the truth does? Pearson r over this step's captions,
     # and (what GRPO uses: ranks within a group) the mean r within groups where both vary.
     if np.std(f1) > 0 and np.std(rewards) > 0:
