@@ -243,6 +243,34 @@ def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatc
         assert "tracking_error" not in row  # no momentum copy
 
 
+def test_gaming_stop_ends_rl_at_the_warning_and_a_rerun_does_not_resume_it(tmp_path, monkeypatch):
+    """rl.gaming_stop: at the update where the gaming watch warns (scripted here at step 2; the
+    watch's own rule has a hand test), RL saves that step's checkpoint and stops; run again, it
+    returns at once instead of resuming the gamed run."""
+    from mocojax import checkpoint
+
+    config = _toy_config()
+    config.rl.generator, config.rl.judge = "exact", "exact"
+    config.rl.num_steps, config.rl.checkpoint_every, config.rl.gaming_stop = 4, 10, True
+    monkeypatch.setattr(rl_evals, "held_out", lambda *args: {})
+
+    class ScriptedWatch(rl_evals.GamingWatch):
+        def update(self, step, metrics):
+            if step == 2:
+                self.warned_at = step
+            return {}
+
+    monkeypatch.setattr(rl_evals, "GamingWatch", ScriptedWatch)
+    workdir = str(tmp_path)
+    last = rl.run_rl(config, workdir)
+    assert last["gaming_stopped_at"] == 2 and checkpoint.latest_step(workdir, "rl") == 2
+    with open(tmp_path / "metrics.jsonl") as f:
+        steps = [row["step"] for row in map(json.loads, f) if row["stage"] == "rl"]
+    assert max(steps) == 2
+    assert rl.run_rl(config, workdir) == {"gaming_stopped_at": 2}
+    assert checkpoint.latest_step(workdir, "rl") == 2
+
+
 def test_true_f1_reward_is_each_captions_exact_f1(tmp_path):
     """rl.reward = "true_f1": every logged caption's reward is its exact F1 against the scene
     (computed here again from the caption text), and the step logs the captions' breakdown."""

@@ -359,6 +359,15 @@ def run_rl(config, workdir):
         config, workdir, setup, cfg, mesh, optimizer, role_momentum, manager
     )
     skipped = 0 if extra is None else extra["no_signal_skipped"]
+    stopped_at = None if extra is None else extra.get("gaming_stopped_at")
+    if stopped_at is not None and rl.get("gaming_stop", False):
+        logging.warning(
+            "RL stopped at step %d when its reward was gamed (config.rl.gaming_stop); not "
+            "resuming. config.rl.gaming_stop=False continues it.",
+            stopped_at,
+        )
+        manager.close()
+        return {"gaming_stopped_at": stopped_at}
     if extra is not None:
         data_iter.set_state(extra["data"])
         logging.info("resumed RL from step %d", int(state["step"]))
@@ -427,8 +436,14 @@ def run_rl(config, workdir):
         guard.update(int(step_metrics["skipped"]), step, cleanup=(manager.close, writer.close))
         if step % rl.log_samples_every == 0:
             samples.write(source.sample_rows(step, rollout, truths))
-        if step % rl.checkpoint_every == 0 or step == rl.num_steps:
-            manager.save(step, state, {"data": data_iter.get_state(), "no_signal_skipped": skipped})
+        stop = rl.get("gaming_stop", False) and watch.warned_at == step
+        if stop or step % rl.checkpoint_every == 0 or step == rl.num_steps:
+            extra = {"data": data_iter.get_state(), "no_signal_skipped": skipped}
+            manager.save(step, state, {**extra, "gaming_stopped_at": step} if stop else extra)
+        if stop:
+            logging.warning("RL stopped at step %d (config.rl.gaming_stop); checkpoint kept", step)
+            last["gaming_stopped_at"] = step
+            break
     manager.close()
     writer.close()
     return last

@@ -106,6 +106,9 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     # many updates that have one is below 0 (the reward ranks captions against the truth: a
     # gamed Judge); 0: off. Measured: a collapsed run went below 0 at update 294 of 600.
     rl.gaming_window = 50
+    # True: RL also stops there, its checkpoint of that step kept (and a rerun does not resume
+    # it), so the eval stage scores the Policy before the gamed reward lowers it further.
+    rl.gaming_stop = False
     rl.log_samples_every = 5  # K: one step's groups go to <workdir>/rl_samples.jsonl
     rl.eval_every = 0  # > 0: held-out toy-world eval at the start and every n steps (0: none; the eval stage scores checkpoints)
     rl.checkpoint_every = 20
@@ -251,5 +254,6 @@ def validate(rl) -> None:
             rl.train_generator,
             "EvoLM trains the online Generator: needs rl.reward='rubric' and rl.rubrics='online'",
         )
-    if not isinstance(rl.judge_gate_refuse, bool):
-        _fail("judge_gate_refuse", rl.judge_gate_refuse, "must be True or False")
+    for key in ("judge_gate_refuse", "gaming_stop"):
+        if not isinstance(rl.get(key, False), bool):
+            _fail(key, rl[key], "must be True or False")

@@ -235,7 +235,8 @@ class GamingWatch:
                 "REWARD GAMED at step %d: the mean within-group r(reward, true F1) over the last "
                 "%d updates is %.3f < 0, so raising the reward lowers caption quality (e.g. a "
                 "Judge that passes what it should fail). Look at rl_samples.jsonl and the "
-                "true/judge_balanced_accuracy_* metrics; config.rl.gaming_window=0 silences this.",
+                "true/judge_balanced_accuracy_* metrics; config.rl.gaming_stop=True stops RL "
+                "here, config.rl.gaming_window=0 silences this.",
                 step,
                 self.window,
                 mean,
