@@ -91,6 +91,10 @@ def get_config(arg=""):
     # has (toyworld.recolour_captions), so "mentions a red square" is seen unmet on a caption
     # that names a blue square (a learned Judge passed 73-98% of those on RL's samples).
     config.data.judge_recolours = False
+    # ACE-Cap's evidence loop (docs/acecap.md): (Instruct, Composer) SFT records per scene
+    # (mocojax/data/toyloop.py: exact answers, teacher transcripts); non-zero also appends the
+    # loop prompts' words to the toy tokenizer. (0, 0): none.
+    config.data.loop_mix = (0, 0)
     # the per-item Judge's question: "rubric" (the role prompt, roles.judge_item_messages) or
     # "check" ("Caption: ...\nCheck: <criterion>" -> yes / no: the toy base's `truth` task form);
     # "echo" / "reason": the check question, the reply restating the criterion (then the

@@ -13,7 +13,14 @@ import jax
 import numpy as np
 
 from mocojax import hf, model, processing, roles, sharding
-from mocojax.data import records as records_lib, toybase, toypairs, toyroles, toyworld as tw
+from mocojax.data import (
+    records as records_lib,
+    toybase,
+    toyloop,
+    toypairs,
+    toyroles,
+    toyworld as tw,
+)
 from mocojax.train import rl_config
 
 DATA_SOURCES = ("toyworld", "jsonl")
@@ -222,6 +229,18 @@ def validate(config, stages):
             ),
             f"must be one of {toyroles.RATIONALES} ('mentions' on data.source='toyworld': the "
             "caption's mentions of the item's shape, read with the toy world's parser)",
+        )
+    if "loop_mix" in config.data:
+        _check(
+            config,
+            "data.loop_mix",
+            lambda v: (
+                len(tuple(v)) == 2
+                and all(isinstance(n, int) and n >= 0 for n in v)
+                and (not any(v) or config.data.source == "toyworld")
+            ),
+            "must be (Instruct, Composer) record counts per scene, two ints >= 0; records exist "
+            "for data.source='toyworld' only (mocojax/data/toyloop.py)",
         )
     for key in (*toyroles.RUBRIC_DEFAULTS, "judge_repeats", "judge_fragments", "judge_recolours"):
         if key in config.data:
@@ -496,13 +515,18 @@ def build_setup(config, workdir):
     pair_tokens = data.get("pair_tokens", False)
     # count items ("mentions at most two circles") need words the shipped tokenizer lacks
     count_tokens = data.get("count_items", False)
+    # the evidence loop's records (data.loop_mix) need the loop prompts' words
+    loop_tokens = any(data.get("loop_mix", (0, 0)))
     if data.tokenizer:
         tokenizer_path = data.tokenizer
-    elif config.model.init_from and not (pair_tokens or count_tokens):
+    elif config.model.init_from and not (pair_tokens or count_tokens or loop_tokens):
         tokenizer_path = config.model.init_from
     else:
         tokenizer_path = toyroles.build_tokenizer(
-            os.path.join(workdir, "tokenizer"), pair_tokens=pair_tokens, count_tokens=count_tokens
+            os.path.join(workdir, "tokenizer"),
+            pair_tokens=pair_tokens,
+            count_tokens=count_tokens,
+            loop_tokens=loop_tokens,
         )
     tokenizer = processing.load_tokenizer(tokenizer_path)
     check_rubric_vocabulary(config, tokenizer, tokenizer_path)
@@ -526,7 +550,8 @@ def build_setup(config, workdir):
                 f"the tokenizer {tokenizer_path} has {len(tokenizer)} tokens but the model "
                 f"{config.model.init_from} has {cfg.text.vocab_size} embedding rows"
                 + (" (data.pair_tokens adds 30 tokens to the toy tokenizer)" if pair_tokens else "")
-                + (" (data.count_items adds 7)" if count_tokens else "")
+                + (" (data.count_items adds 6)" if count_tokens else "")
+                + (" (data.loop_mix adds 36)" if loop_tokens else "")
             )
 
         def load_params(place=None):
@@ -597,6 +622,13 @@ def sft_examples(config, processor=None):
         form = records_lib.judge_item_form(data)
         if form != "rubric":
             train, held_out = (records_lib.check_form(x, form) for x in (train, held_out))
+    loop_mix = tuple(data.get("loop_mix", (0, 0)))
+    if data.source == "toyworld" and any(loop_mix):  # ACE-Cap's Instruct and Composer records
+        k = config.loop.max_questions if "loop" in config else 3
+        train = train + toyloop.sft_records(data.seed, data.num_train_scenes, loop_mix, 0, k)
+        held_out = held_out + toyloop.sft_records(
+            data.seed, data.num_eval_scenes, loop_mix, data.num_train_scenes, k
+        )
     return train, held_out
 
 

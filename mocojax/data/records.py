@@ -489,9 +489,18 @@ def example_length(example, processor):
 def conversation(example, image):
     """Returns the HF-style conversation of a role example, ending with its target if it has one.
 
-    `image` is the example's PIL image (ignored by Judge examples, which have none).
+    `image` is the example's PIL image (ignored by Judge examples, which have none). An example
+    with "messages" (text only, role "judge") is that conversation; every assistant turn in it
+    is a target.
     """
     role = example["role"]
+    if "messages" in example:  # a whole text conversation (data/toyloop.py's Composer records)
+        if role != "judge" or "target" in example:
+            raise ValueError(
+                f"example {example.get('id')}: a 'messages' example is text only (role 'judge') "
+                "and its assistant turns are its targets (no 'target')"
+            )
+        return [dict(m) for m in example["messages"]]
     if "prompt" in example:  # a toy base-model task (data.toybase): one user turn, image optional
         messages = roles.prompt_messages(example["prompt"], image if role != "judge" else None)
     elif role == "policy":

@@ -470,6 +470,17 @@ _PAIR_PATTERN = (
 # appended after the word (and pair) tokens, so every earlier id stays where it was. Their
 # embedding rows are the shipped base's unused ones, learned in role SFT.
 COUNT_TOKENS = (" most",) + tuple(f" {shape}s" for shape in tw.SHAPES)
+# Loop tokens (`build_tokenizer(..., loop_tokens=True)`, config `data.loop_mix`): the words of
+# ACE-Cap's evidence-loop prompts (roles.COMPOSER_INSTRUCTION, INSTRUCT_INSTRUCTION,
+# FINAL_INSTRUCTION, `ASK:` / `READY`, the evidence's `Q (asked, not a fact):` line) that the
+# shipped base's 642 tokens lack (measured: 19 of the Composer instruction's 44 tokens were
+# <unk>), appended after the count tokens; 642 + 6 + 36 fit the base's 704 embedding rows.
+LOOP_TOKENS = (
+    " <", ">", " ASK", "ASK", " Ask", " READY", "READY", " Question", "Question", "Answer", "Evidence", "Q", "You",
+    "asked", "question", " about", " answers", " below", " cannot", " detailed", " enough",
+    " evidence", " fact", " facts", " final", " from", " here", " leaves", " open", " question",
+    " questions", " reply", " say", " sentence", " that", " when",
+)  # fmt: skip
 
 
 def _vocabulary_corpus():
@@ -504,9 +515,10 @@ def _vocabulary_corpus():
     return texts + toybase.vocabulary_texts()
 
 
-def build_vocabulary(pair_tokens=False, count_tokens=False):
+def build_vocabulary(pair_tokens=False, count_tokens=False, loop_tokens=False):
     """Returns the token list: specials, <unk>, then every corpus piece with/without space and
-    case, then (pair_tokens) the PAIR_TOKENS, then (count_tokens) the COUNT_TOKENS."""
+    case, then (pair_tokens) the PAIR_TOKENS, then (count_tokens) the COUNT_TOKENS, then
+    (loop_tokens) the LOOP_TOKENS."""
     words = set()
     for text in _vocabulary_corpus():
         words.update(re.findall(r"[A-Za-z]+|[0-9]|[^\sA-Za-z0-9]", text))
@@ -519,20 +531,22 @@ def build_vocabulary(pair_tokens=False, count_tokens=False):
         vocab
         + list(PAIR_TOKENS if pair_tokens else ())
         + list(COUNT_TOKENS if count_tokens else ())
+        + list(LOOP_TOKENS if loop_tokens else ())
     )
 
 
-def build_tokenizer(out_dir, pair_tokens=False, count_tokens=False):
+def build_tokenizer(out_dir, pair_tokens=False, count_tokens=False, loop_tokens=False):
     """Writes tokenizer.json + tokenizer_config.json to out_dir; returns out_dir.
 
     A word-level tokenizer with Qwen's special tokens, loadable with
     `transformers.AutoTokenizer.from_pretrained(out_dir)` and `processing.load_tokenizer`.
     pair_tokens: one more token per " <colour> <shape>" (PAIR_TOKENS), the same ids otherwise.
     count_tokens: the count items' words (COUNT_TOKENS) after those, the same ids otherwise.
+    loop_tokens: the evidence loop's prompt words (LOOP_TOKENS) after those.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = build_vocabulary(pair_tokens, count_tokens)
+    vocab = build_vocabulary(pair_tokens, count_tokens, loop_tokens)
     tokenizer = Tokenizer(
         models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token=UNK_TOKEN)
     )
