@@ -184,8 +184,12 @@ def acquire_evidence(
     action_max_new_tokens=24,
     answer_max_new_tokens=24,
     final_max_new_tokens=96,
+    answer_fn=None,
 ):
     """Returns the EvidenceRollouts of G = num_rollouts rollouts per image, K = max_questions.
+
+    answer_fn(b, question) -> answer, when given, plays the Instruct role for image b instead of
+    the model (the toy world's exact answers, `toyloop.instruct_answer`, as RL's exact roles).
 
     c_0 (the Policy, one per image) and the answers (Instruct) decode at caption_temperature /
     answer_temperature (greedy by default: fixed roles); the Composer's actions and final
@@ -230,13 +234,16 @@ def acquire_evidence(
                 questions[r].append(action.question)
                 asked[r, t] = True
                 askers.append(r)
-        if askers:
+        if askers and answer_fn is not None:
+            replies = [answer_fn(r // g, questions[r][-1]) for r in askers]
+        elif askers:
             replies = sample(
                 2 + 2 * t,
                 [roles.instruct_messages(images[r // g], questions[r][-1]) for r in askers],
                 answer_max_new_tokens,
                 answer_temperature,
             )
+        if askers:
             for r, answer in zip(askers, replies):
                 answers[r].append(answer)
                 histories[r] = histories[r] + [roles.observation_message(answer)]

@@ -5,6 +5,7 @@ naming the offending key (`config.optimizer.warmup_ratio=1.5: ...`).
 """
 
 import dataclasses
+import importlib
 import json
 import os
 from typing import Callable
@@ -88,6 +89,10 @@ def validate(config, stages):
                 "stages", tuple(config.stages), f"unknown stage {stage!r}; known: {sorted(stages)}"
             )
     _check(config, "seed", lambda v: isinstance(v, int), "must be an int")
+    if "loop" in config.stages:  # ACE-Cap's evidence loop (mocojax.train.loop)
+        if "loop" not in config:
+            _fail("stages", tuple(config.stages), "the 'loop' stage needs a config.loop block")
+        importlib.import_module("mocojax.train.loop").validate(config.loop)
     try:
         axes = sharding.parse_mesh(config.mesh or None)
         for name, size in axes:

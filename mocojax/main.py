@@ -78,6 +78,11 @@ def run_export(config, workdir):
     return {"step": step, "out_dir": out_dir}
 
 
+def run_loop(config, workdir):
+    """ACE-Cap's evidence loop trained with LOOP-GRPO (mocojax.train.loop, configs/acecap_loop.py)."""
+    return importlib.import_module("mocojax.train.loop").run_loop(config, workdir)
+
+
 def run_vision(config, workdir):
     """Toy base, step one: pretrain the vision tower on labelled cells (mocojax.train.toyvision)."""
     return importlib.import_module("mocojax.train.toyvision").run_vision(config, workdir)
@@ -88,11 +93,12 @@ STAGES = {
     "warmup": sft.run_warmup,
     "sft": sft.run_sft,
     "rl": run_rl,
+    "loop": run_loop,
     "eval": run_eval,
     "export": run_export,
 }
 MULTI_HOST_STAGES = ("warmup", "sft", "rl")
-TRAINING_STAGES = ("vision", "warmup", "sft", "rl")
+TRAINING_STAGES = ("vision", "warmup", "sft", "rl", "loop")
 
 
 def config_file_name(workdir, stages):

@@ -32,6 +32,9 @@ def test_instruct_answers_state_exactly_the_objects_of_the_asked_shape():
         toyloop.instruct_answer(SCENES[0], "What is the background?", rng)
     with pytest.raises(ValueError, match="no single shape"):
         toyloop.instruct_answer(SCENES[0], "Is there a star or a circle?", rng)
+    # the loop's exact Instruct answers those with a sentence that states nothing
+    assert toyloop.exact_answer(SCENES[0], "What is the background?", rng) == toyloop.UNANSWERABLE
+    assert tw.parse_caption(toyloop.UNANSWERABLE) == ([], None)
 
 
 def test_teacher_asks_after_the_shapes_c0_leaves_out_and_writes_a_true_final_caption():

@@ -31,6 +31,8 @@ from mocojax import acecap_loop, roles
 from mocojax.data import toyworld as tw
 
 ABSENT_ANSWER = "It is not in the picture."
+# The exact Instruct's reply to a question that asks after no single shape (`exact_answer`).
+UNANSWERABLE = "The question names nothing."
 # c_0: each object is kept with this probability (at least one), the background half the time:
 # an initial caption that leaves something to ask about.
 INITIAL_DROP = 0.5
@@ -58,6 +60,15 @@ def instruct_answer(scene, question, rng):
     if not objects:
         return ABSENT_ANSWER
     return tw.write_caption([tw.Mention(*_attributes(o)) for o in objects], None, rng)
+
+
+def exact_answer(scene, question, rng):
+    """Returns `instruct_answer`, or UNANSWERABLE (names no shape: the reader learns nothing)
+    for a question that asks after no single shape: the loop's exact Instruct never raises on
+    what a Composer asks."""
+    if asked_shape(question) is None:
+        return UNANSWERABLE
+    return instruct_answer(scene, question, rng)
 
 
 def _attributes(obj):
