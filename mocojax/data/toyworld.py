@@ -318,10 +318,10 @@ def recolour_captions(scene, seed, count=2, salt=0):
     has (`_apply_error`'s "wrong_colour"), so a presence item "mentions a <colour> <shape>" is
     unmet although the caption names the shape.
 
-    Measured (docs/results.md, session 16): a learned Judge passed 73% of such items on RL's
-    samples at the start of RL and 98% at the end (it read "mentions a red square" as "names a
-    square"), so the Policy was paid for a square in any colour; the Judge's other captions give
-    it few of them (a quarter of its unmet presence items). `data.judge_recolours` puts these
+    Measured (docs/results.md, session 16): a learned Judge passed 82-87% of such items on RL's
+    samples in the first 100 updates and 96-99% in the last (it read "mentions a red square" as
+    "names a square"), so the Policy was paid for a square in any colour; the Judge's other
+    captions give it few of them (a third of its unmet presence items). `data.judge_recolours` puts these
     in the Judge's captions.
     """
     rng = np.random.default_rng([seed, 7, salt, *map(ord, scene.id)])

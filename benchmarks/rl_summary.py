@@ -1,0 +1,145 @@
+"""Summarises finished toy-world runs: held-out SFT -> RL numbers and RL's first/last updates.
+
+  python benchmarks/rl_summary.py runs/judge_s1 [runs/judge_s2 ...]   # from the repository root
+
+Per workdir, one markdown row of the held-out evals (eval_sft_*.json, eval_rl_*.json: F1 with
+its image-blind baseline, hallucinations, words, the Judge within kinds and on recoloured
+presence items, the gain), then the means over RL's first and last 20 updates of the logged
+truth metrics (metrics.jsonl: sample F1, hallucinations, words, within-group r, zero-variance
+groups, the Judge's accuracy and its pass rate on recoloured presence items). This is how the
+tables of docs/results.md are read off a run; it reads files only.
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+
+EVAL_KEYS = (
+    ("policy/f1", "F1"),
+    ("policy/f1_image_blind", "blind F1"),
+    ("policy/hallucinated_per_caption", "halluc."),
+    ("policy/caption_words", "words"),
+    ("judge/balanced_accuracy_within_kind", "Judge within kinds"),
+    ("judge/recoloured_pass_rate", "Judge passes recoloured"),
+    ("judge/accuracy_always_1", "always-1 acc."),
+)
+RL_KEYS = (
+    ("true/caption_f1", "sample F1"),
+    ("true/hallucinated_per_caption", "halluc."),
+    ("true/caption_words", "words"),
+    ("true/reward_f1_corr_within", "within-group r"),
+    ("zero_variance_frac", "zero-var. groups"),
+    ("true/judge_accuracy", "Judge right"),
+    ("true/judge_pass_rate_recoloured", "Judge passes recoloured"),
+)
+
+
+def latest_eval(workdir, stage):
+    """Returns the eval JSON of the stage's latest scored step, or None."""
+    files = glob.glob(os.path.join(workdir, f"eval_{stage}_*.json"))
+    if not files:
+        return None
+    path = max(files, key=lambda p: int(p.rsplit("_", 1)[1].split(".")[0]))
+    with open(path) as f:
+        return json.load(f)
+
+
+def rl_rows(workdir):
+    """Returns the RL stage's per-update rows of metrics.jsonl (step > 0)."""
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return [r for r in rows if r.get("stage") == "rl" and r.get("step", 0) > 0]
+
+
+def first_last(rows, key, n=20):
+    """Returns (mean of the first n, mean of the last n) values of key, or None without any."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    if not values:
+        return None
+    return float(np.mean(values[:n])), float(np.mean(values[-n:]))
+
+
+def recoloured_from_samples(workdir, window=100):
+    """Returns (pass rate over the first `window` updates, over the last) of the Judge on
+    recoloured presence items, read from rl_samples.jsonl (runs older than the logged metric),
+    or None without samples or items."""
+    from mocojax import roles
+    from mocojax.data import toyroles, toyworld as tw
+
+    path = os.path.join(workdir, "rl_samples.jsonl")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    if not rows:
+        return None
+    last_step = max(r["step"] for r in rows)
+    tallies = {"first": [0, 0], "last": [0, 0]}
+    for row in rows:
+        which = (
+            "first"
+            if row["step"] <= window
+            else "last"
+            if row["step"] > last_step - window
+            else None
+        )
+        if which is None or not row.get("decisions"):
+            continue
+        facts = [toyroles.parse_criterion(roles.RubricItem(**i).criterion) for i in row["rubric"]]
+        for caption, decisions in zip(row["captions"], row["decisions"]):
+            mentions, _ = tw.parse_caption(caption)
+            for fact, said in zip(facts, decisions):
+                if said is not None:
+                    toyroles.count_recoloured(tallies[which], fact, mentions, int(said))
+    if not tallies["first"][1] or not tallies["last"][1]:
+        return None
+    return tuple(p / t for p, t in (tallies["first"], tallies["last"]))
+
+
+def _fmt(value):
+    return "—" if value is None else f"{value:.3f}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("workdirs", nargs="+")
+    args = parser.parse_args(argv)
+    print("| run | stage | " + " | ".join(label for _, label in EVAL_KEYS) + " |")
+    print("|---|---|" + "---|" * len(EVAL_KEYS))
+    for workdir in args.workdirs:
+        evals = {stage: latest_eval(workdir, stage) for stage in ("sft", "rl")}
+        for stage, result in evals.items():
+            if result is not None:
+                cells = [_fmt(result.get(key)) for key, _ in EVAL_KEYS]
+                print(f"| {workdir} | {stage} | " + " | ".join(cells) + " |")
+        if evals["sft"] and evals["rl"]:
+            gain = evals["rl"]["policy/f1"] - evals["sft"]["policy/f1"]
+            words = evals["rl"]["policy/caption_words"] / evals["sft"]["policy/caption_words"] - 1
+            print(f"| {workdir} | RL - SFT | F1 {gain:+.3f}, words {words:+.0%} |")
+    print()
+    print("| run | RL updates | " + " | ".join(label for _, label in RL_KEYS) + " |")
+    print("|---|---|" + "---|" * len(RL_KEYS))
+    for workdir in args.workdirs:
+        if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+            print(f"{workdir}: no metrics.jsonl", file=sys.stderr)
+            continue
+        rows = rl_rows(workdir)
+        cells = []
+        for key, _ in RL_KEYS:
+            pair = first_last(rows, key)
+            cells.append("—" if pair is None else f"{pair[0]:.2f} -> {pair[1]:.2f}")
+        print(f"| {workdir} | {len(rows)} | " + " | ".join(cells) + " |")
+        samples = recoloured_from_samples(workdir)
+        if samples is not None:
+            print(
+                f"| {workdir} | rl_samples.jsonl | Judge passes recoloured presence items, "
+                f"first / last 100 updates: {samples[0]:.2f} -> {samples[1]:.2f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
