@@ -1,0 +1,45 @@
+"""benchmarks/rl_summary.py on a hand-made workdir: the eval rows, the gain, first/last-20 means
+and the recoloured pass rate read from rl_samples.jsonl."""
+
+import importlib.util
+import json
+import os
+
+REPO = os.path.join(os.path.dirname(__file__), os.pardir)
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location(
+        "rl_summary", os.path.join(REPO, "benchmarks", "rl_summary.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rl_summary_reads_a_runs_files_by_hand(tmp_path, capsys):
+    evals = {"sft_800": (0.5, 20.0), "rl_600": (0.6, 15.0), "rl_40": (0.1, 1.0)}
+    for name, (f1, words) in evals.items():
+        with open(tmp_path / f"eval_{name}.json", "w") as f:
+            json.dump({"policy/f1": f1, "policy/caption_words": words}, f)
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        f.write(json.dumps({"stage": "sft", "step": 800, "true/caption_f1": 9.0}) + "\n")
+        for step in range(41):  # step 0 (the gate) is not an update
+            f1 = 0.2 if step <= 20 else 0.8
+            f.write(json.dumps({"stage": "rl", "step": step, "true/caption_f1": f1}) + "\n")
+    rubric = [{"criterion": "mentions a red circle", "check": "named", "weight": 3.0}]
+    samples = [
+        # a blue circle named: the red circle's item is recoloured; passed, then failed
+        {"step": 5, "captions": ["A blue circle."], "rubric": rubric, "decisions": [[1]]},
+        {"step": 400, "captions": ["A blue circle."], "rubric": rubric, "decisions": [[0]]},
+        # no circle named: not a recoloured item, not counted
+        {"step": 400, "captions": ["A red star."], "rubric": rubric, "decisions": [[1]]},
+    ]
+    with open(tmp_path / "rl_samples.jsonl", "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in samples)
+    _load().main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "| rl | 0.600 |" in out  # the latest RL eval (step 600, not 40)
+    assert "F1 +0.100, words -25%" in out
+    assert f"| {tmp_path} | 40 | 0.20 -> 0.80 |" in out  # 40 updates; first 20 / last 20
+    assert "first / last 100 updates: 1.00 -> 0.00" in out
