@@ -27,7 +27,6 @@ import os
 import time
 
 import jax
-import ml_collections
 import numpy as np
 
 from mocojax import (
@@ -172,16 +171,6 @@ def evaluate(config, cfg, params, processor, rng):
     return out
 
 
-def _optimizer(config):
-    opt = ml_collections.ConfigDict(config.optimizer.to_dict())
-    opt.lr, opt.warmup_ratio, opt.end_lr_ratio = (
-        config.loop.lr,
-        config.loop.warmup_ratio,
-        config.loop.end_lr_ratio,
-    )
-    return state_lib.make_optimizer(opt, config.loop.num_steps)
-
-
 def _sample_rows(step, ids, rollouts, rewards, advantages):
     """Returns one loop_samples.jsonl row per image of a logged update."""
     g = rollouts.num_rollouts
@@ -237,7 +226,7 @@ def run_loop(config, workdir):
             image_size=config.data.image_size,
         )
     )
-    optimizer = _optimizer(config)
+    optimizer = state_lib.stage_optimizer(config.optimizer, loop)
     shardings = sharding.train_state_shardings(cfg, mesh, optimizer, with_momentum=False)
     manager = checkpoint.Manager(workdir, "loop", keep=loop.keep_checkpoints)
 

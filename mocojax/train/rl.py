@@ -32,7 +32,6 @@ import os
 import time
 
 import jax
-import ml_collections
 import numpy as np
 
 from mocojax import (
@@ -249,13 +248,7 @@ def initial_policy(config, workdir, setup, mesh):
 
 def rl_optimizer(config):
     """Returns the Policy's optax optimiser: config.optimizer's AdamW with the rl schedule."""
-    opt = ml_collections.ConfigDict(config.optimizer.to_dict())
-    opt.lr, opt.warmup_ratio, opt.end_lr_ratio = (
-        config.rl.lr,
-        config.rl.warmup_ratio,
-        config.rl.end_lr_ratio,
-    )
-    return state_lib.make_optimizer(opt, config.rl.num_steps)
+    return state_lib.stage_optimizer(config.optimizer, config.rl)
 
 
 def role_momentum_of(rl, source):

@@ -6,6 +6,7 @@ The whole state is one dict: {"params", "opt_state", "step", "rng"}; the RL stag
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 
@@ -36,6 +37,14 @@ def make_optimizer(opt_config, total_steps):
             weight_decay=opt_config.weight_decay,
         ),
     )
+
+
+def stage_optimizer(opt_config, stage):
+    """Returns make_optimizer of config.optimizer with a stage block's lr, warmup_ratio and
+    end_lr_ratio over its num_steps (config.rl for RL, config.loop for the evidence loop)."""
+    opt = ml_collections.ConfigDict(opt_config.to_dict())
+    opt.lr, opt.warmup_ratio, opt.end_lr_ratio = stage.lr, stage.warmup_ratio, stage.end_lr_ratio
+    return make_optimizer(opt, stage.num_steps)
 
 
 def init_state(params, optimizer, rng):
