@@ -53,6 +53,13 @@ def _loop(max_questions=2):
     return loop
 
 
+def test_padded_length_uses_the_buckets_then_multiples_of_128():
+    assert loop_train.padded_length(100, (128, 384)) == 128
+    assert loop_train.padded_length(129, (128, 384)) == 384
+    assert loop_train.padded_length(385, (128, 384)) == 512
+    assert loop_train.padded_length(1, ()) == 128
+
+
 def test_toy_scorer_reads_answers_not_questions():
     score = loop_train.toy_scorer([ONE_CIRCLE])
     assert score(0, C0) == pytest.approx(R0)

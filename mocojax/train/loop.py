@@ -264,7 +264,9 @@ def run_loop(config, workdir):
         score = loop_train.toy_scorer(batch_scenes, config.data.seed)
         rewards = loop_train.score_rollouts(rollouts, score, loop.max_questions)
         advantages = loop_train.rollout_advantages(rollouts, rewards, loop, control=loop.control)
-        host = loop_train.loop_batch(cfg, processor, rollouts, advantages, loop.num_micro)
+        host = loop_train.loop_batch(
+            cfg, processor, rollouts, advantages, loop.num_micro, config.data.length_buckets
+        )
         dims = {**BATCH_DIMS, "advantages": 1, "span_mask": 1, "weight": None}
         device = step_lib.place_batch(mesh, host, dims, strict=False)
         state, step_metrics = step_fn(state, device)
