@@ -14,7 +14,7 @@ import pytest
 from acecap_helpers import transcript
 
 from mocojax import acecap_loop, config_utils, loop_grpo, model
-from mocojax.data import toyworld as tw
+from mocojax.data import pipeline, toyworld as tw
 from mocojax.train import loop_train, state as state_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -116,6 +116,9 @@ def test_one_update_is_the_policy_gradient_on_the_span_tokens(tiny):
     advantages = loop_train.rollout_advantages(rollouts, rewards, loop, control=True)
     batch = loop_train.loop_batch(cfg, processor, rollouts, advantages, num_micro=2)
     layout = acecap_loop.composer_layout(processor, rollouts)
+    length = layout["input_ids"].shape[1]
+    assert batch["input_ids"].shape[-1] == loop_train.padded_length(length) > length
+    layout = pipeline.pad_to(layout, loop_train.padded_length(length), processor.pad_token_id)
     mask = batch["span_mask"].reshape(layout["span_kind"].shape)
     np.testing.assert_array_equal(mask, layout["span_kind"] != loop_grpo.SPAN_NONE)
     adv = batch["advantages"].reshape(mask.shape)
