@@ -172,14 +172,14 @@ def test_the_loop_stage_runs_logs_evaluates_and_resumes_bitwise(tmp_path, caplog
     from configs import acecap_loop
     from mocojax import checkpoint, main
 
-    def run(workdir, num_steps):
+    def run(workdir, num_steps, eval_at_start=False):
         config = acecap_loop.get_config("tiny")
         config.stages = ("loop",)
-        config.loop.num_steps = num_steps
+        config.loop.num_steps, config.loop.eval_at_start = num_steps, eval_at_start
         main.run(config, str(workdir))
         return config
 
-    config = run(tmp_path / "a", 2)
+    config = run(tmp_path / "a", 2, eval_at_start=True)
     with open(tmp_path / "a" / "metrics.jsonl") as f:
         rows = [r for r in map(json.loads, f) if r["stage"] == "loop"]
     assert [r["step"] for r in rows] == [1, 2]
@@ -192,6 +192,7 @@ def test_the_loop_stage_runs_logs_evaluates_and_resumes_bitwise(tmp_path, caplog
     with open(tmp_path / "a" / "eval_loop_2.json") as f:
         result = json.load(f)
     assert result["num_scenes"] == 2 and 0.0 <= result["mcq/final_right_rate"] <= 1.0
+    assert os.path.exists(tmp_path / "a" / "eval_loop_0.json")  # eval_at_start: the SFT loop
     with caplog.at_level("INFO"):
         run(tmp_path / "a", 3)
     assert "resumed the loop stage from step 2" in caplog.text

@@ -66,6 +66,9 @@ def loop_defaults():
     loop.keep_checkpoints = 2
     loop.log_samples_every = 5
     loop.eval_scenes = 200  # held-out scenes scored after the last update (0: none)
+    loop.eval_at_start = (
+        False  # True: also before the first update (eval_loop_0.json: the SFT loop)
+    )
     loop.eval_batch = 16
     return loop
 
@@ -248,6 +251,8 @@ def run_loop(config, workdir):
     writer = metrics_lib.MetricWriter(
         workdir, "loop", total_steps=loop.num_steps, initial_step=start
     )
+    if start == 0 and loop.eval_scenes and loop.eval_at_start:
+        _write_eval(config, cfg, state["params"], processor, workdir, 0)
     samples = os.path.join(workdir, "loop_samples.jsonl")
     metrics_lib.truncate_jsonl(samples, lambda row: row.get("step", 0) <= start)
     last = {}
@@ -289,10 +294,15 @@ def run_loop(config, workdir):
     manager.close()
     writer.close()
     if loop.eval_scenes:
-        step = int(state["step"])
-        result = evaluate(config, cfg, state["params"], processor, jax.random.key(config.seed + 3))
-        with open(os.path.join(workdir, f"eval_loop_{step}.json"), "w") as f:
-            json.dump(result, f, indent=1)
-        logging.info("loop eval at step %d: %s", step, result)
+        result = _write_eval(config, cfg, state["params"], processor, workdir, int(state["step"]))
         last = {**last, **{f"eval/{k}": v for k, v in result.items()}}
     return last
+
+
+def _write_eval(config, cfg, params, processor, workdir, step):
+    """Scores the loop on the held-out scenes (`evaluate`) into <workdir>/eval_loop_<step>.json."""
+    result = evaluate(config, cfg, params, processor, jax.random.key(config.seed + 3))
+    with open(os.path.join(workdir, f"eval_loop_{step}.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    logging.info("loop eval at step %d: %s", step, result)
+    return result
