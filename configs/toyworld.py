@@ -89,7 +89,7 @@ def get_config(arg=""):
     config.data.judge_fragments = False
     # True: ... and the scene's caption with an object named in a colour no object of its shape
     # has (toyworld.recolour_captions), so "mentions a red square" is seen unmet on a caption
-    # that names a blue square (a learned Judge passed 82-99% of those on RL's samples).
+    # that names a blue square (a learned Judge passed 45-99% of those on RL's samples).
     config.data.judge_recolours = False
     # ACE-Cap's evidence loop (docs/acecap.md): (Instruct, Composer) SFT records per scene
     # (mocojax/data/toyloop.py: exact answers, teacher transcripts); non-zero also appends the

@@ -22,9 +22,11 @@ What differs from configs/toyworld.py, and why:
   this rubric is not trained yet, so this config measures the learned Judge alone. The Judge is
   the EMA of the Policy (m = 0.99, H = 1), as the method's.
 
-Measured (200 held-out scenes, docs/results.md session 15): held-out F1 SFT -> RL seed 4
+Measured (200 held-out scenes, docs/results.md sessions 15-16): held-out F1 SFT -> RL seed 4
 0.575 -> 0.594 (+0.019, hallucinations 0.46 -> 0.17, words -13%), seed 1 0.572 -> 0.501 (-0.071,
-one-object captions). Without the two caption switches: seed 4 +0.017, seed 1 collapsed
+one-object captions), seed 2 0.577 -> 0.528 (-0.049, words -29%), seed 3 0.546 -> 0.480 (-0.066, words -20%). The Judge passes
+presence items on captions naming the shape in another colour (45-92% on RL's samples in the first 100 updates, 88-99% in the last): it does
+not bind colour to shape, which `data.judge_recolours` did not teach (session 16). Without the two caption switches: seed 4 +0.017, seed 1 collapsed
 (0.575 -> 0.193); exact roles from those SFT checkpoints +0.051 / +0.026.
 """
 

@@ -292,7 +292,7 @@ def count_decision(counts, fact, said, right):
 def is_recoloured(fact, mentions):
     """Whether a presence item "mentions a <colour> <shape>" is unmet on a caption that names its
     shape (in other colours): the case where a Judge that checks the shape word alone says "1"
-    (measured on RL's samples, docs/results.md session 16: 82-99% passed)."""
+    (measured on RL's samples, docs/results.md session 16: 45-99% passed)."""
     if fact is None or fact.kind != "present" or fact.referent.colour is None:
         return False
     shape = fact.referent.shape

@@ -318,8 +318,8 @@ def recolour_captions(scene, seed, count=2, salt=0):
     has (`_apply_error`'s "wrong_colour"), so a presence item "mentions a <colour> <shape>" is
     unmet although the caption names the shape.
 
-    Measured (docs/results.md, session 16): a learned Judge passed 82-87% of such items on RL's
-    samples in the first 100 updates and 96-99% in the last (it read "mentions a red square" as
+    Measured (docs/results.md, session 16): a learned Judge passed 45-92% of such items on RL's
+    samples in the first 100 updates and 88-99% in the last (it read "mentions a red square" as
     "names a square"), so the Policy was paid for a square in any colour; the Judge's other
     captions give it few of them (a third of its unmet presence items). `data.judge_recolours` puts these
     in the Judge's captions.
