@@ -87,14 +87,14 @@ def initial_caption(scene, rng):
 def teacher_episode(scene, caption, kept, max_questions, rng):
     """Returns the teacher's episode from c_0 = caption (whose objects are `kept`): a dict of
     questions, answers, stopped (said READY) and the final caption."""
-    named = {m.shape for m in tw.parse_caption(caption)[0]}
+    mentions, background = tw.parse_caption(caption)
+    named = {m.shape for m in mentions}
     unnamed = [tw.SHAPES[int(i)] for i in rng.permutation(len(tw.SHAPES))]
     unnamed = [s for s in unnamed if s not in named]
     questions = [question_about(s) for s in unnamed[:max_questions]]
     answers = [instruct_answer(scene, q, rng) for q in questions]
     asked = {asked_shape(q) for q in questions}
     found = [o for o in scene.objects if o.shape in asked]
-    background = tw.parse_caption(caption)[1]
     final = tw.write_caption([tw.Mention(*_attributes(o)) for o in kept + found], background, rng)
     return {
         "questions": questions,

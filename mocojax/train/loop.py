@@ -255,6 +255,7 @@ def run_loop(config, workdir):
         _write_eval(config, cfg, state["params"], processor, workdir, 0)
     samples = os.path.join(workdir, "loop_samples.jsonl")
     metrics_lib.truncate_jsonl(samples, lambda row: row.get("step", 0) <= start)
+    dims = {**BATCH_DIMS, "advantages": 1, "span_mask": 1, "weight": None}  # [A, b, L] rows
     last = {}
     for step in range(start + 1, loop.num_steps + 1):
         t0 = time.perf_counter()
@@ -272,7 +273,6 @@ def run_loop(config, workdir):
         host = loop_train.loop_batch(
             cfg, processor, rollouts, advantages, loop.num_micro, config.data.length_buckets
         )
-        dims = {**BATCH_DIMS, "advantages": 1, "span_mask": 1, "weight": None}
         device = step_lib.place_batch(mesh, host, dims, strict=False)
         state, step_metrics = step_fn(state, device)
         step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
