@@ -175,6 +175,9 @@ def get_config(arg=""):
     # Shares optimizer.* and sft.* (eval_every, checkpoints) with the SFT stage.
     config.warmup = ml_collections.ConfigDict()
     config.warmup.mix = (0, 0, 1)
+    # ACE-Cap's (instruct, composer) records in the warm-up (data.loop_mix is the role SFT's),
+    # e.g. (0, 4) with mix (0, 0, 0): the Composer alone (configs/acecap_loop.py)
+    config.warmup.loop_mix = (0, 0)
     config.warmup.num_steps = 1000
     config.warmup.global_batch_size = 32
 

@@ -447,9 +447,22 @@ def _check_warmup(config, split):
     _check(
         config,
         "warmup.mix",
-        lambda v: len(v) == 3 and all(isinstance(n, int) and n >= 0 for n in v) and sum(v) > 0,
+        lambda v: len(v) == 3 and all(isinstance(n, int) and n >= 0 for n in v),
         "must be (policy, generator, judge) record counts per scene",
     )
+    if "loop_mix" in config.warmup:
+        _check(
+            config,
+            "warmup.loop_mix",
+            lambda v: len(v) == 2 and all(isinstance(n, int) and n >= 0 for n in v),
+            "must be (instruct, composer) record counts per scene, as data.loop_mix",
+        )
+    if not sum(config.warmup.mix) + sum(config.warmup.get("loop_mix", (0, 0))):
+        _fail(
+            "warmup.mix",
+            tuple(config.warmup.mix),
+            "the warm-up has no records: give warmup.mix (or warmup.loop_mix) a positive count",
+        )
     for key in ("num_steps", "global_batch_size"):
         _check(config, "warmup." + key, _positive_int, "must be a positive int")
     _check(
@@ -520,8 +533,10 @@ def build_setup(config, workdir):
     pair_tokens = data.get("pair_tokens", False)
     # count items ("mentions at most two circles") need words the shipped tokenizer lacks
     count_tokens = data.get("count_items", False)
-    # the evidence loop's records (data.loop_mix) need the loop prompts' words
-    loop_tokens = any(data.get("loop_mix", (0, 0)))
+    # the evidence loop's records (data.loop_mix, or warmup.loop_mix) need the loop prompts'
+    # words; every stage of a workdir builds the same tokenizer
+    warmup_loop_mix = config.warmup.get("loop_mix", (0, 0)) if "warmup" in config else (0, 0)
+    loop_tokens = any(data.get("loop_mix", (0, 0))) or any(warmup_loop_mix)
     if data.tokenizer:
         tokenizer_path = data.tokenizer
     elif config.model.init_from and not (pair_tokens or count_tokens or loop_tokens):

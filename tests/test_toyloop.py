@@ -10,7 +10,7 @@ from configs import toyworld as toyworld_config
 from mocojax import acecap_loop, config_utils, main, processing, roles
 from mocojax.data import records, toyloop, toyroles, toyworld as tw
 from mocojax.data.toyworld import Obj, Scene
-from mocojax.train import loop_train
+from mocojax.train import loop_train, sft
 
 SCENES = tw.make_scenes(3, 60)
 
@@ -131,4 +131,29 @@ def test_data_loop_mix_adds_the_records_and_the_tokens(tmp_path):
     assert tokenizer.convert_tokens_to_ids(" READY") != tokenizer.unk_token_id
     config.data.loop_mix = (0, -1)
     with pytest.raises(ValueError, match="data.loop_mix"):
+        config_utils.validate(config, main.STAGES)
+
+
+def test_warmup_loop_mix_gives_the_warmup_composer_records_only(tmp_path):
+    """warmup.loop_mix = (0, 2) with warmup.mix = (0, 0, 0): the warm-up trains the Composer's
+    transcripts alone (2 per scene), the role SFT keeps its own records (no loop records), and both
+    stages build the same tokenizer, with the loop words; a warm-up of no records is refused."""
+    config = toyworld_config.get_config("tiny")
+    config.stages = ("warmup", "sft")
+    config.sft.init_stage = "warmup"
+    config.warmup.mix, config.warmup.loop_mix = (0, 0, 0), (0, 2)
+    config_utils.validate(config, main.STAGES)
+    warm = sft.warmup_config(config)
+    train, _ = config_utils.sft_examples(warm)
+    assert len(train) == 2 * config.data.num_train_scenes
+    assert all("/composer" in e["id"] for e in train)
+    role_train, _ = config_utils.sft_examples(config)
+    assert not any("/composer" in e["id"] or "/instruct" in e["id"] for e in role_train)
+    vocab = [
+        config_utils.build_setup(c, str(tmp_path / name)).processor.tokenizer.get_vocab()
+        for c, name in ((warm, "warm"), (config, "role"))
+    ]
+    assert vocab[0] == vocab[1] and " READY" in vocab[0]
+    config.warmup.loop_mix = (0, 0)
+    with pytest.raises(ValueError, match="the warm-up has no records"):
         config_utils.validate(config, main.STAGES)

@@ -330,10 +330,12 @@ def sft_state(config, workdir, setup, cfg, mesh, optimizer, manager):
 def warmup_config(config):
     """Returns the config the warm-up stage trains with: config.sft's, with config.warmup's
     record mix, steps and batch (e.g. Judge records only, before the role mix), started from
-    model.init_from (never from another stage)."""
+    model.init_from (never from another stage). The evidence loop's records come from
+    warmup.loop_mix ((0, 0) when absent: none), not data.loop_mix."""
     out = config.copy_and_resolve_references()
     with out.unlocked():
         out.data.mix = tuple(config.warmup.mix)
+        out.data.loop_mix = tuple(config.warmup.get("loop_mix", (0, 0)))
         out.sft.num_steps = config.warmup.num_steps
         out.sft.global_batch_size = config.warmup.global_batch_size
         out.sft.init_stage = ""
