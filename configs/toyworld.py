@@ -125,6 +125,10 @@ def get_config(arg=""):
     # True: every rubric holds a "mentions at most <n> <shape>s" item for each shape the scene has,
     # so a second mention of an object, or a wrong colour of one, costs reward in every sample
     config.data.count_items = False
+    # True: every rubric holds a "mentions at least <n> <shape>s" item for each shape the scene
+    # has, so dropping an object costs reward whatever colour the rest are named in (a check of
+    # shape words, which a Judge that does not bind colour to shape still gets right)
+    config.data.count_floor = False
     # True: every rubric holds a "mentions a <colour> <shape>" item for each object of the scene,
     # so each object a caption names pays in every sample, not only when a shown candidate missed
     # it (with absent_shapes + count_items: a mention's price and pay are the same in every sample)

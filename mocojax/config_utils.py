@@ -506,20 +506,25 @@ def check_rubric_vocabulary(config, tokenizer, tokenizer_path):
     """Raises ValueError when a model must write or read rubric items (`_learned_roles`) whose
     words the tokenizer maps to its unknown token: such items could be neither written nor read,
     and the run would train on "<unk>" silently. Today: `data.count_items` ("mentions at most
-    two circles": the toy tokenizer has no " most" or plural shapes)."""
+    two circles": the toy tokenizer has no " most" or plural shapes) and `data.count_floor`
+    ("mentions at least two circles")."""
     roles_learned = _learned_roles(config)
-    if not roles_learned or not config.data.get("count_items", False):
+    keys = {"at_most": "count_items", "at_least": "count_floor"}
+    kinds = [kind for kind, key in keys.items() if config.data.get(key, False)]
+    if not roles_learned or not kinds:
         return
     unk = tokenizer.unk_token_id
     criteria = [
-        toyroles.item_of(toyroles.Fact("at_most", tw.Mention(shape), value=n)).criterion
+        toyroles.item_of(toyroles.Fact(kind, tw.Mention(shape), value=n)).criterion
+        for kind in kinds
         for shape in tw.SHAPES
         for n in toyroles.COUNT_WORDS[:2]
     ]
     unread = [c for c in criteria if unk is not None and unk in tokenizer(c)["input_ids"]]
     if unread:
         raise ValueError(
-            f"config.data.count_items=True: the tokenizer {tokenizer_path} cannot spell "
+            f"config.data.{'/'.join(keys[k] for k in kinds)}=True: the tokenizer "
+            f"{tokenizer_path} cannot spell "
             f"{len(unread)} count items (e.g. {unread[0]!r} has an unknown word), yet the "
             f"{' and the '.join(roles_learned)} would be learned or played by the model; use count "
             "items with the exact roles (rl.generator=rl.judge='exact', Policy-only SFT "
@@ -531,8 +536,10 @@ def build_setup(config, workdir):
     """Returns the Setup: the toy world builds its tokenizer into <workdir>/tokenizer."""
     data = config.data
     pair_tokens = data.get("pair_tokens", False)
-    # count items ("mentions at most two circles") need words the shipped tokenizer lacks
-    count_tokens = data.get("count_items", False)
+    # count items ("mentions at most two circles", "... at least ...") need words the shipped
+    # tokenizer lacks (count_floor implies the count tokens: the plural shapes)
+    count_tokens = data.get("count_items", False) or data.get("count_floor", False)
+    floor_tokens = data.get("count_floor", False)
     # the evidence loop's records (data.loop_mix, or warmup.loop_mix) need the loop prompts'
     # words; every stage of a workdir builds the same tokenizer
     warmup_loop_mix = config.warmup.get("loop_mix", (0, 0)) if "warmup" in config else (0, 0)
@@ -547,6 +554,7 @@ def build_setup(config, workdir):
             pair_tokens=pair_tokens,
             count_tokens=count_tokens,
             loop_tokens=loop_tokens,
+            floor_tokens=floor_tokens,
         )
     tokenizer = processing.load_tokenizer(tokenizer_path)
     check_rubric_vocabulary(config, tokenizer, tokenizer_path)
@@ -571,6 +579,7 @@ def build_setup(config, workdir):
                 f"{config.model.init_from} has {cfg.text.vocab_size} embedding rows"
                 + (" (data.pair_tokens adds 30 tokens to the toy tokenizer)" if pair_tokens else "")
                 + (" (data.count_items adds 6)" if count_tokens else "")
+                + (" (data.count_floor adds 1)" if floor_tokens else "")
                 + (" (data.loop_mix adds 36)" if loop_tokens else "")
             )
 

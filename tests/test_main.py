@@ -82,6 +82,29 @@ def test_count_items_get_their_words_or_are_refused_where_a_model_must_spell_the
     assert setup.processor is not None
 
 
+def test_count_floor_items_get_their_word_after_every_other_id_or_are_refused(tmp_path):
+    """data.count_floor appends " least" after the count tokens (which it implies: the plural
+    shapes), every earlier id unmoved; a given tokenizer without it is refused naming the key."""
+    config = toyworld.get_config("tiny")
+    config.data.count_items = True
+    counted = config_utils.build_setup(config, str(tmp_path / "counted")).processor.tokenizer
+    config.data.count_floor = True
+    tokenizer = config_utils.build_setup(config, str(tmp_path / "floor")).processor.tokenizer
+    assert len(tokenizer) == len(counted) + 1
+    assert tokenizer.convert_tokens_to_ids(" least") == len(counted)
+    assert {t: i for t, i in tokenizer.get_vocab().items() if i < len(counted)} == dict(
+        counted.get_vocab()
+    )
+    ids = tokenizer("mentions at least two circles")["input_ids"]
+    assert tokenizer.unk_token_id not in ids and len(ids) == 5
+    config.data.count_items = False  # count_floor alone still gets the plural shapes
+    alone = config_utils.build_setup(config, str(tmp_path / "alone")).processor.tokenizer
+    assert alone.get_vocab() == tokenizer.get_vocab()
+    config.data.tokenizer = str(tmp_path / "counted" / "tokenizer")
+    with pytest.raises(ValueError, match=r"data.count_floor=True: .*cannot spell"):
+        config_utils.build_setup(config, str(tmp_path / "refused"))
+
+
 def test_toy_world_evals_on_user_data_fail_naming_the_key(tmp_path):
     config = toyworld.get_config("tiny")
     config.data.source, config.data.train_path = "jsonl", str(tmp_path / "train.jsonl")

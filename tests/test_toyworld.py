@@ -320,6 +320,73 @@ def test_count_items_by_hand():
         ), caption
 
 
+def test_count_floor_items_by_hand():
+    """count_floor: "mentions at least <n> <shape>s" per shape the scene has, read back; a
+    caption that drops one of two circles fails it whatever the kept circle's colour (the case a
+    Judge reading shape words alone passes as the dropped circle's presence item); with
+    count_items the two pin the count (hand-computed rewards)."""
+    fact = toyroles.Fact("at_least", Mention("circle"), value="two")
+    item = toyroles.item_of(fact)
+    assert item == roles.RubricItem("mentions at least two circles", "no fewer named", 3.0)
+    assert toyroles.parse_criterion(item.criterion) == fact
+    assert toyroles.parse_criterion("mentions at least one star") == toyroles.Fact(
+        "at_least", Mention("star"), value="one"
+    )
+    assert toyroles.parse_criterion("mentions at least five circles") is None
+    for caption, value in [
+        ("A red circle and a big blue circle at the bottom.", 1),
+        ("A red circle, a blue circle and a green circle.", 1),
+        ("A blue circle.", 0),
+        ("A red square and a blue square.", 0),
+    ]:
+        decision = toyroles.judge_fact(fact, *tw.parse_caption(caption))
+        assert decision.value == value, caption
+    assert toyroles.judge_fact(fact, *tw.parse_caption("A blue circle.")).rationale == (
+        "it names 1 circle"
+    )
+    assert toyroles.report_kind(fact) == "at_least"
+    two = Scene(
+        "two",
+        "white",
+        (Obj("circle", "red", "large", "top left"), Obj("circle", "blue", "small", "center")),
+    )
+    shown = [
+        "A large red circle at the top left and a small blue circle in the center, on a white "
+        "background."
+    ]
+    facts = toyroles.rubric_facts(
+        two, shown, absent_shapes=True, count_items=True, count_floor=True
+    )
+    assert [toyroles.item_of(f).criterion for f in facts] == [
+        "does not mention a square",
+        "does not mention a triangle",
+        "does not mention a diamond",
+        "does not mention a star",
+        "mentions at most two circles",
+        "mentions at least two circles",
+    ]
+    assert all(toyroles.fact_is_true(two, f) for f in facts)
+    exact = toyroles.ExactRoles(
+        {two.id: two}, absent_shapes=True, count_items=True, count_floor=True
+    )
+    rubric = exact.rubric(two.id, shown)
+    weights = [i.weight for i in rubric]
+    for caption, expected in [
+        (shown[0], 18 / 18),
+        ("A large red circle at the top left.", 15 / 18),  # one circle dropped
+        ("A large green circle at the top left.", 15 / 18),  # and the other recoloured
+        ("A red circle, a blue circle and a red circle.", 15 / 18),  # one too many
+        ("A red square.", 12 / 18),  # no circle (at least), a square invented (absent)
+    ]:
+        assert roles.rubric_reward(weights, exact.decisions(rubric, caption)) == pytest.approx(
+            expected
+        ), caption
+    without = toyroles.ExactRoles({two.id: two}, absent_shapes=True, count_items=True)
+    rubric = without.rubric(two.id, shown)
+    dropped = without.decisions(rubric, "A large red circle at the top left.")
+    assert roles.rubric_reward([i.weight for i in rubric], dropped) == 1.0  # free without it
+
+
 def test_repeat_captions_name_a_shape_more_often_than_the_scene_has_it():
     lone = Scene("lone", "black", (Obj("star", "yellow", "large", "center"),))
     fact = toyroles.parse_criterion("mentions at most one star")

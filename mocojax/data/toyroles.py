@@ -8,6 +8,7 @@ decision against the caption:
   does not mention a green star              (absent; weight 3 against an invented object)
   does not mention a star                    (absent, a shape the scene lacks: `absent_shapes`)
   mentions at most one circle                (at_most, a shape's count: `count_items`; weight 3)
+  mentions at least two circles              (at_least, a shape's count: `count_floor`; weight 3)
   mentions a small red circle                (attribute: size, or "... at the top left":
                                              position; weight 2 when one was wrong/missing)
   the background is white                    (detail; weight 1)
@@ -100,6 +101,7 @@ def rubric_facts(
     absent_shapes=False,
     count_items=False,
     every_object=False,
+    count_floor=False,
 ):
     """Returns the Facts of the target rubric: what the candidates missed, got wrong or invented.
 
@@ -123,6 +125,12 @@ def rubric_facts(
     sample. With absent_shapes every invented mention fails an item. Both kinds go after the
     `only` item and before the deficiency items, and do not count against max_items (at most
     5 more items: one per shape of the world).
+    count_floor: one "mentions at least <n> <shape>s" item for every shape the scene has (n its
+    count), which a caption that drops an object of that shape fails, whatever the colours of
+    the rest: with count_items the two pin each shape's count, a check of shape words alone (a
+    Judge that does not bind colour to shape passes a presence item when the shape is named in
+    another colour, so without it one square pays every square's item; docs/results.md,
+    session 17). After the at_most items; not counted against max_items.
     every_object: one "mentions a <colour> <shape>" item for every object of the scene, written
     from the image alone, so each object a caption names pays in every sample, not only when a
     shown candidate missed it (with absent_shapes and count_items an invented mention costs in
@@ -158,11 +166,19 @@ def rubric_facts(
             facts.append(Fact("background", value=scene.background))
     facts = list(dict.fromkeys(facts))
     counts = collections.Counter(o.shape for o in scene.objects)
-    shape_facts = [Fact("absent", tw.Mention(shape)) for shape in missing if absent_shapes] + [
-        Fact("at_most", tw.Mention(shape), value=COUNT_WORDS[n - 1])
-        for shape, n in counts.items()
-        if count_items
-    ]
+    shape_facts = (
+        [Fact("absent", tw.Mention(shape)) for shape in missing if absent_shapes]
+        + [
+            Fact("at_most", tw.Mention(shape), value=COUNT_WORDS[n - 1])
+            for shape, n in counts.items()
+            if count_items
+        ]
+        + [
+            Fact("at_least", tw.Mention(shape), value=COUNT_WORDS[n - 1])
+            for shape, n in counts.items()
+            if count_floor
+        ]
+    )
     object_facts = list(
         dict.fromkeys(Fact("present", tw.Mention(o.shape, o.colour)) for o in scene.objects)
     )
@@ -345,6 +361,7 @@ RUBRIC_DEFAULTS = {
     "absent_shapes": False,
     "count_items": False,
     "every_object": False,
+    "count_floor": False,
 }
 
 
@@ -475,6 +492,9 @@ COUNT_TOKENS = (" most",) + tuple(f" {shape}s" for shape in tw.SHAPES)
 # FINAL_INSTRUCTION, `ASK:` / `READY`, the evidence's `Q (asked, not a fact):` line) that the
 # shipped base's 642 tokens lack (measured: 19 of the Composer instruction's 44 tokens were
 # <unk>), appended after the count tokens; 642 + 6 + 36 fit the base's 704 embedding rows.
+# Floor tokens (`build_tokenizer(..., floor_tokens=True)`, config `data.count_floor`): the word of
+# the at-least items ("mentions at least two circles") the count tokens lack, appended last.
+FLOOR_TOKENS = (" least",)
 LOOP_TOKENS = (
     " <", ">", " ASK", "ASK", " Ask", " READY", "READY", " Question", "Question", "Answer", "Evidence", "Q", "You",
     "asked", "question", " about", " answers", " below", " cannot", " detailed", " enough",
@@ -515,10 +535,10 @@ def _vocabulary_corpus():
     return texts + toybase.vocabulary_texts()
 
 
-def build_vocabulary(pair_tokens=False, count_tokens=False, loop_tokens=False):
+def build_vocabulary(pair_tokens=False, count_tokens=False, loop_tokens=False, floor_tokens=False):
     """Returns the token list: specials, <unk>, then every corpus piece with/without space and
     case, then (pair_tokens) the PAIR_TOKENS, then (count_tokens) the COUNT_TOKENS, then
-    (loop_tokens) the LOOP_TOKENS."""
+    (loop_tokens) the LOOP_TOKENS, then (floor_tokens) the FLOOR_TOKENS."""
     words = set()
     for text in _vocabulary_corpus():
         words.update(re.findall(r"[A-Za-z]+|[0-9]|[^\sA-Za-z0-9]", text))
@@ -532,10 +552,13 @@ def build_vocabulary(pair_tokens=False, count_tokens=False, loop_tokens=False):
         + list(PAIR_TOKENS if pair_tokens else ())
         + list(COUNT_TOKENS if count_tokens else ())
         + list(LOOP_TOKENS if loop_tokens else ())
+        + list(FLOOR_TOKENS if floor_tokens else ())
     )
 
 
-def build_tokenizer(out_dir, pair_tokens=False, count_tokens=False, loop_tokens=False):
+def build_tokenizer(
+    out_dir, pair_tokens=False, count_tokens=False, loop_tokens=False, floor_tokens=False
+):
     """Writes tokenizer.json + tokenizer_config.json to out_dir; returns out_dir.
 
     A word-level tokenizer with Qwen's special tokens, loadable with
@@ -543,10 +566,11 @@ def build_tokenizer(out_dir, pair_tokens=False, count_tokens=False, loop_tokens=
     pair_tokens: one more token per " <colour> <shape>" (PAIR_TOKENS), the same ids otherwise.
     count_tokens: the count items' words (COUNT_TOKENS) after those, the same ids otherwise.
     loop_tokens: the evidence loop's prompt words (LOOP_TOKENS) after those.
+    floor_tokens: the at-least items' word (FLOOR_TOKENS) last.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = build_vocabulary(pair_tokens, count_tokens, loop_tokens)
+    vocab = build_vocabulary(pair_tokens, count_tokens, loop_tokens, floor_tokens)
     tokenizer = Tokenizer(
         models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token=UNK_TOKEN)
     )

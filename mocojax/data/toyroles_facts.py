@@ -16,9 +16,11 @@ WEIGHTS = {
     "background": 1.0,
     "only": 3.0,
     "at_most": 3.0,
+    "at_least": 3.0,
 }
 ONLY_PREFIX = "mentions only"
 AT_MOST_PREFIX = "mentions at most"
+AT_LEAST_PREFIX = "mentions at least"
 COUNT_WORDS = ("one", "two", "three", "four")  # the toy world has at most 4 objects
 
 
@@ -30,7 +32,7 @@ class Fact:
     attribute (referent mention, attribute name, value), background (value), only
     (`allowed`: the scene's objects as Mention(shape, colour); the caption names nothing else)
     or at_most (referent: a shape, value: a count word; the caption names no more objects of
-    that shape, whatever their colour).
+    that shape, whatever their colour) or at_least (the same; it names no fewer).
     """
 
     kind: str
@@ -61,12 +63,13 @@ def item_of(fact):
         return roles.RubricItem(
             f"the background is {fact.value}", fact.value, WEIGHTS["background"]
         )
-    if fact.kind == "at_most":
+    if fact.kind in ("at_most", "at_least"):
         plural = "s" if fact.value != COUNT_WORDS[0] else ""
+        prefix = AT_MOST_PREFIX if fact.kind == "at_most" else AT_LEAST_PREFIX
         return roles.RubricItem(
-            f"{AT_MOST_PREFIX} {fact.value} {fact.referent.shape}{plural}",
-            "no more named",
-            WEIGHTS["at_most"],
+            f"{prefix} {fact.value} {fact.referent.shape}{plural}",
+            "no more named" if fact.kind == "at_most" else "no fewer named",
+            WEIGHTS[fact.kind],
         )
     if fact.kind == "only":
         nouns = [f"a {_referent_phrase(m)}" for m in fact.allowed]
@@ -99,12 +102,13 @@ def _phrase_form(fact):
 def parse_criterion(criterion):
     """Returns the Fact a criterion states in this world's language, or None if it states none."""
     text = " ".join(criterion.lower().split())
-    at_most = re.fullmatch(rf"{AT_MOST_PREFIX} ([a-z]+) ([a-z]+?)s?", text)
-    if at_most:
-        count, shape = at_most.groups()
-        if count not in COUNT_WORDS or shape not in tw.SHAPES:
-            return None
-        return Fact("at_most", tw.Mention(shape), value=count)
+    for prefix, kind in ((AT_MOST_PREFIX, "at_most"), (AT_LEAST_PREFIX, "at_least")):
+        count_item = re.fullmatch(rf"{prefix} ([a-z]+) ([a-z]+?)s?", text)
+        if count_item:
+            count, shape = count_item.groups()
+            if count not in COUNT_WORDS or shape not in tw.SHAPES:
+                return None
+            return Fact(kind, tw.Mention(shape), value=count)
     if text.startswith(ONLY_PREFIX):
         mentions, background = tw.parse_caption(text[len(ONLY_PREFIX) :])
         allowed = tuple(tw.Mention(m.shape, m.colour) for m in mentions)
@@ -168,11 +172,12 @@ def judge_fact(fact, mentions, background):
     if fact.kind == "absent":
         named = any(_matches(m, fact.referent) for m in mentions)
         return roles.Decision(int(not named), "it is mentioned" if named else "it is not mentioned")
-    if fact.kind == "at_most":
+    if fact.kind in ("at_most", "at_least"):
         named = sum(m.shape == fact.referent.shape for m in mentions)
         limit = COUNT_WORDS.index(fact.value) + 1
+        met = named <= limit if fact.kind == "at_most" else named >= limit
         return roles.Decision(
-            int(named <= limit), f"it names {named} {fact.referent.shape}" + "s" * (named != 1)
+            int(met), f"it names {named} {fact.referent.shape}" + "s" * (named != 1)
         )
     if fact.kind == "only":
         invented = [m for m in mentions if not only_allows(fact, m)]
@@ -207,7 +212,7 @@ def mentions_rationale(fact, mentions):
     in caption order -- "it names blue circle, red circle" or "it names no circle" -- else None
     (other kinds keep `judge_fact`'s rationale). The decision is then a function of the copied
     words: is "blue circle" among them, how many are there."""
-    if fact.kind not in ("present", "absent", "at_most"):
+    if fact.kind not in ("present", "absent", "at_most", "at_least"):
         return None
     shape = fact.referent.shape
     named = [" ".join(w for w in (m.colour, shape) if w) for m in mentions if m.shape == shape]
@@ -266,7 +271,7 @@ def judge_confusion(rubric_items, caption, decisions, by_kind=False):
 
     Positive = the caption truly meets the item. With these, `balanced_accuracy` is the mean
     of the true-positive and true-negative rates, which an always-"1" Judge scores 0.5 on.
-    by_kind=True: {`report_kind` (present / absent / absent_shape / at_most / attribute /
+    by_kind=True: {`report_kind` (present / absent / absent_shape / at_most / at_least / attribute /
     background / only, "unreadable"): counts}.
     """
     mentions, background = tw.parse_caption(caption)
