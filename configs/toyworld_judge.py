@@ -27,7 +27,9 @@ Measured (200 held-out scenes, docs/results.md sessions 15-16): held-out F1 SFT 
 one-object captions), seed 2 0.577 -> 0.528 (-0.049, words -29%), seed 3 0.546 -> 0.480 (-0.066, words -20%). The Judge passes
 presence items on captions naming the shape in another colour (45-92% on RL's samples in the first 100 updates, 88-99% in the last): it does
 not bind colour to shape, which `data.judge_recolours` did not teach (session 16). Without the two caption switches: seed 4 +0.017, seed 1 collapsed
-(0.575 -> 0.193); exact roles from those SFT checkpoints +0.051 / +0.026.
+(0.575 -> 0.193); exact roles from those SFT checkpoints +0.051 / +0.026, and from seed 3's
++0.064 (session 17). With `--config.data.count_floor=True` (at-least items, session 17): seed 1
+0.567 -> 0.590 (+0.023), seed 3 0.571 -> 0.381 (the Judge learned every kind worse; gamed).
 """
 
 from configs import toyworld
