@@ -166,19 +166,12 @@ def rubric_facts(
             facts.append(Fact("background", value=scene.background))
     facts = list(dict.fromkeys(facts))
     counts = collections.Counter(o.shape for o in scene.objects)
-    shape_facts = (
-        [Fact("absent", tw.Mention(shape)) for shape in missing if absent_shapes]
-        + [
-            Fact("at_most", tw.Mention(shape), value=COUNT_WORDS[n - 1])
-            for shape, n in counts.items()
-            if count_items
-        ]
-        + [
-            Fact("at_least", tw.Mention(shape), value=COUNT_WORDS[n - 1])
-            for shape, n in counts.items()
-            if count_floor
-        ]
-    )
+    shape_facts = [Fact("absent", tw.Mention(shape)) for shape in missing if absent_shapes] + [
+        Fact(kind, tw.Mention(shape), value=COUNT_WORDS[n - 1])
+        for kind, on in (("at_most", count_items), ("at_least", count_floor))
+        if on
+        for shape, n in counts.items()
+    ]
     object_facts = list(
         dict.fromkeys(Fact("present", tw.Mention(o.shape, o.colour)) for o in scene.objects)
     )

@@ -21,6 +21,11 @@ WEIGHTS = {
 ONLY_PREFIX = "mentions only"
 AT_MOST_PREFIX = "mentions at most"
 AT_LEAST_PREFIX = "mentions at least"
+# the count kinds: their criterion's prefix and check field
+COUNT_KINDS = {
+    "at_most": (AT_MOST_PREFIX, "no more named"),
+    "at_least": (AT_LEAST_PREFIX, "no fewer named"),
+}
 COUNT_WORDS = ("one", "two", "three", "four")  # the toy world has at most 4 objects
 
 
@@ -63,13 +68,11 @@ def item_of(fact):
         return roles.RubricItem(
             f"the background is {fact.value}", fact.value, WEIGHTS["background"]
         )
-    if fact.kind in ("at_most", "at_least"):
+    if fact.kind in COUNT_KINDS:
         plural = "s" if fact.value != COUNT_WORDS[0] else ""
-        prefix = AT_MOST_PREFIX if fact.kind == "at_most" else AT_LEAST_PREFIX
+        prefix, check = COUNT_KINDS[fact.kind]
         return roles.RubricItem(
-            f"{prefix} {fact.value} {fact.referent.shape}{plural}",
-            "no more named" if fact.kind == "at_most" else "no fewer named",
-            WEIGHTS[fact.kind],
+            f"{prefix} {fact.value} {fact.referent.shape}{plural}", check, WEIGHTS[fact.kind]
         )
     if fact.kind == "only":
         nouns = [f"a {_referent_phrase(m)}" for m in fact.allowed]
@@ -102,7 +105,7 @@ def _phrase_form(fact):
 def parse_criterion(criterion):
     """Returns the Fact a criterion states in this world's language, or None if it states none."""
     text = " ".join(criterion.lower().split())
-    for prefix, kind in ((AT_MOST_PREFIX, "at_most"), (AT_LEAST_PREFIX, "at_least")):
+    for kind, (prefix, _) in COUNT_KINDS.items():
         count_item = re.fullmatch(rf"{prefix} ([a-z]+) ([a-z]+?)s?", text)
         if count_item:
             count, shape = count_item.groups()
@@ -172,7 +175,7 @@ def judge_fact(fact, mentions, background):
     if fact.kind == "absent":
         named = any(_matches(m, fact.referent) for m in mentions)
         return roles.Decision(int(not named), "it is mentioned" if named else "it is not mentioned")
-    if fact.kind in ("at_most", "at_least"):
+    if fact.kind in COUNT_KINDS:
         named = sum(m.shape == fact.referent.shape for m in mentions)
         limit = COUNT_WORDS.index(fact.value) + 1
         met = named <= limit if fact.kind == "at_most" else named >= limit
@@ -212,7 +215,7 @@ def mentions_rationale(fact, mentions):
     in caption order -- "it names blue circle, red circle" or "it names no circle" -- else None
     (other kinds keep `judge_fact`'s rationale). The decision is then a function of the copied
     words: is "blue circle" among them, how many are there."""
-    if fact.kind not in ("present", "absent", "at_most", "at_least"):
+    if fact.kind not in ("present", "absent", *COUNT_KINDS):
         return None
     shape = fact.referent.shape
     named = [" ".join(w for w in (m.colour, shape) if w) for m in mentions if m.shape == shape]
