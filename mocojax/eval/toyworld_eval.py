@@ -338,8 +338,8 @@ def judge_gate(
     **rubric,
 ):
     """Returns the Judge's {"balanced_accuracy_within_kind", "balanced_accuracy_worst_kind",
-    "balanced_accuracy", "accuracy",
-    "accuracy_always_1", "num_items"}
+    "balanced_accuracy", "accuracy", "accuracy_always_1", "num_items",
+    "balanced_accuracy_<kind>" per item kind with both labels, "recoloured_pass_rate"}
     on held-out RL-like captions (the Judge records of scenes start..start+num_scenes-1),
     asked once per item when judge_per_item (rubric: as `evaluate`)."""
     examples = [
@@ -360,6 +360,7 @@ def judge_gate(
         "accuracy": (confusion["tp"] + confusion["tn"]) / max(decided, 1),
         "accuracy_always_1": float(np.mean(always_1)),
         "num_items": decided,
+        **{f"balanced_accuracy_{k}": v for k, v in kind_balanced_accuracies(by_kind).items()},
         **recoloured_metrics("", recoloured),
     }
 
