@@ -133,6 +133,10 @@ def get_config(arg=""):
     # so each object a caption names pays in every sample, not only when a shown candidate missed
     # it (with absent_shapes + count_items: a mention's price and pay are the same in every sample)
     config.data.every_object = False
+    # True (with absent_shapes, count_items and count_floor): no item binds a colour to a shape;
+    # colours are priced by "mentions the colour <c>" / "does not mention the colour <c>" items,
+    # one per colour of the world, so every item is a check of single words (docs/toyworld.md)
+    config.data.unbound_items = False
     config.data.train_path = ""
     config.data.eval_path = ""
     config.data.image_root = ""

@@ -250,6 +250,22 @@ def validate(config, stages):
     for key in (*toyroles.RUBRIC_DEFAULTS, "judge_repeats", "judge_fragments", "judge_recolours"):
         if key in config.data:
             _check(config, f"data.{key}", lambda v: isinstance(v, bool), "must be True or False")
+    if config.data.get("unbound_items", False):
+        _check(
+            config,
+            "data.unbound_items",
+            lambda v: (
+                config.data.source == "toyworld"
+                and all(
+                    config.data.get(k, False)
+                    for k in ("absent_shapes", "count_items", "count_floor")
+                )
+                and not any(config.data.get(k, False) for k in ("only_item", "every_object"))
+            ),
+            "True needs data.source='toyworld' with data.absent_shapes, data.count_items and "
+            "data.count_floor True (the shape items it keeps) and data.only_item and "
+            "data.every_object False (their items bind a colour to a shape)",
+        )
     if "pair_tokens" in config.data:
         _check(
             config,

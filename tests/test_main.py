@@ -105,6 +105,18 @@ def test_count_floor_items_get_their_word_after_every_other_id_or_are_refused(tm
         config_utils.build_setup(config, str(tmp_path / "refused"))
 
 
+def test_unbound_items_need_the_shape_items_and_no_binding_items():
+    config = toyworld.get_config("tiny")
+    config.data.unbound_items = True
+    with pytest.raises(ValueError, match=r"data.unbound_items.*data.count_floor True"):
+        config_utils.validate(config, main.STAGES)
+    config.data.absent_shapes = config.data.count_items = config.data.count_floor = True
+    config_utils.validate(config, main.STAGES)
+    config.data.every_object = True
+    with pytest.raises(ValueError, match=r"data.unbound_items.*every_object False"):
+        config_utils.validate(config, main.STAGES)
+
+
 def test_toy_world_evals_on_user_data_fail_naming_the_key(tmp_path):
     config = toyworld.get_config("tiny")
     config.data.source, config.data.train_path = "jsonl", str(tmp_path / "train.jsonl")

@@ -387,6 +387,77 @@ def test_count_floor_items_by_hand():
     assert roles.rubric_reward([i.weight for i in rubric], dropped) == 1.0  # free without it
 
 
+def test_unbound_items_by_hand():
+    """unbound_items: no item binds a colour to a shape. The rubric of a two-circle scene is its
+    shape items, one colour item per colour of the world and the background (read back exactly);
+    a recoloured circle fails the two colour items, and swapping the two circles' colours, which
+    a Judge that does not bind passes, is free here too (hand-computed rewards, weights 31)."""
+    assert toyroles.item_of(toyroles.Fact("colour", value="red")) == roles.RubricItem(
+        "mentions the colour red", "named", 2.0
+    )
+    assert toyroles.parse_criterion("does not mention the colour green") == toyroles.Fact(
+        "no_colour", value="green"
+    )
+    assert toyroles.parse_criterion("mentions the colour pink") is None
+    green = toyroles.Fact("no_colour", value="green")
+    for caption, value, rationale in [
+        ("A green star.", 0, "it is mentioned"),
+        ("A red circle on a green background.", 1, "it is not mentioned"),  # not an object's
+        ("A red circle.", 1, "it is not mentioned"),
+    ]:
+        assert toyroles.judge_fact(green, *tw.parse_caption(caption)) == roles.Decision(
+            value, rationale
+        ), caption
+    assert [
+        toyroles.report_kind(toyroles.Fact(k, value="red")) for k in ("colour", "no_colour")
+    ] == [
+        "colour",
+        "no_colour",
+    ]
+    two = Scene(
+        "two",
+        "white",
+        (Obj("circle", "red", "large", "top left"), Obj("circle", "blue", "small", "center")),
+    )
+    shown = ["A large green circle at the top left and a red square, on a black background."]
+    options = dict(absent_shapes=True, count_items=True, count_floor=True, unbound_items=True)
+    facts = toyroles.rubric_facts(two, shown, attribute_items=False, **options)
+    assert [toyroles.item_of(f).criterion for f in facts] == [
+        "does not mention a square",
+        "does not mention a triangle",
+        "does not mention a diamond",
+        "does not mention a star",
+        "mentions at most two circles",
+        "mentions at least two circles",
+        "mentions the colour red",
+        "does not mention the colour green",
+        "mentions the colour blue",
+        "does not mention the colour yellow",
+        "does not mention the colour purple",
+        "does not mention the colour orange",
+        "the background is white",
+    ]  # the candidate's errors write no items of their own
+    assert all(toyroles.fact_is_true(two, f) for f in facts)
+    exact = toyroles.ExactRoles({two.id: two}, attribute_items=False, **options)
+    rubric = exact.rubric(two.id, shown)
+    weights = [i.weight for i in rubric]
+    assert sum(weights) == 31
+    full = "A large red circle at the top left and a small blue circle in the center, on a white background."
+    for caption, expected in [
+        (full, 31),
+        ("A blue circle and a red circle on a white background.", 31),  # colours swapped: free
+        (
+            "A green circle and a blue circle on a white background.",
+            27,
+        ),  # red missed, green invented
+        ("A large red circle at the top left.", 25),  # a circle (3), blue (2), background (1)
+        ("A red square on a white background.", 23),  # square (3), two circles (3), blue (2)
+    ]:
+        assert roles.rubric_reward(weights, exact.decisions(rubric, caption)) == pytest.approx(
+            expected / 31
+        ), caption
+
+
 def test_repeat_captions_name_a_shape_more_often_than_the_scene_has_it():
     lone = Scene("lone", "black", (Obj("star", "yellow", "large", "center"),))
     fact = toyroles.parse_criterion("mentions at most one star")
@@ -770,3 +841,36 @@ def test_caption_breakdown_by_hand():
     assert out["position_stated"] == pytest.approx(2 / 3)
     assert out["position_accuracy"] == pytest.approx(0.5)
     assert tw.caption_breakdown([tw.caption_metrics(SCENE, "")])["object_precision"] == 0.0
+
+
+def test_judge_gate_reports_each_kind_exact_and_always_yes(monkeypatch):
+    """RL's gate (and benchmarks/judge_curve.py) per item kind: the exact Judge's replies score
+    1.0 in every kind and pass no recoloured presence item; the same replies with every verdict
+    "yes" score 0.5 in every kind (both labels occur in each) and pass all of them."""
+    from mocojax.eval import toyworld_eval
+
+    asked = []
+
+    def replies(verdict):
+        def generate(cfg, params, processor, examples, *args, **kwargs):
+            asked.extend(examples)
+            if verdict is None:  # the exact Judge: the targets
+                return [e["target"] for e in examples]
+            return [e["target"].rsplit("|", 1)[0] + f"| {verdict}" for e in examples]
+
+        return generate
+
+    rubric = dict(absent_shapes=True, count_items=True, attribute_items=False, count_floor=True)
+    kwargs = dict(seed=2, start=500, num_scenes=12, batch_size=8, max_new_tokens=24)
+    monkeypatch.setattr(toyworld_eval, "generate_texts", replies(None))
+    exact = toyworld_eval.judge_gate(None, None, None, judge_per_item="reason", **kwargs, **rubric)
+    assert all(e["item_form"] == "reason" and "item" in e for e in asked)
+    kinds = {k for k in exact if k.startswith("balanced_accuracy_") and "kind" not in k}
+    # present, pair absent, absent shape, at most, at least, background: all with both labels here
+    assert {"balanced_accuracy_present", "balanced_accuracy_at_least"} <= kinds and len(kinds) >= 5
+    assert all(exact[k] == 1.0 for k in kinds) and exact["balanced_accuracy_worst_kind"] == 1.0
+    assert exact["recoloured_items"] > 0 and exact["recoloured_pass_rate"] == 0.0
+    monkeypatch.setattr(toyworld_eval, "generate_texts", replies("yes"))
+    yes = toyworld_eval.judge_gate(None, None, None, judge_per_item="reason", **kwargs, **rubric)
+    assert {k for k in yes if k in kinds} == kinds and all(yes[k] == 0.5 for k in kinds)
+    assert yes["accuracy"] == yes["accuracy_always_1"] and yes["recoloured_pass_rate"] == 1.0

@@ -1,6 +1,6 @@
 """The toy world's rubrics, Judge truth, SFT records for all three roles, and its tokenizer.
 
-Rubric criteria are written in seven templates that `parse_criterion` reads back, so any
+Rubric criteria are written in nine templates that `parse_criterion` reads back, so any
 rubric (written by us or by a model) can be checked against the scene, and any Judge
 decision against the caption:
 
@@ -9,6 +9,8 @@ decision against the caption:
   does not mention a star                    (absent, a shape the scene lacks: `absent_shapes`)
   mentions at most one circle                (at_most, a shape's count: `count_items`; weight 3)
   mentions at least two circles              (at_least, a shape's count: `count_floor`; weight 3)
+  mentions the colour red                    (colour, any shape: `unbound_items`; weight 2)
+  does not mention the colour green          (no_colour, a colour the scene lacks; weight 2)
   mentions a small red circle                (attribute: size, or "... at the top left":
                                              position; weight 2 when one was wrong/missing)
   the background is white                    (detail; weight 1)
@@ -102,6 +104,7 @@ def rubric_facts(
     count_items=False,
     every_object=False,
     count_floor=False,
+    unbound_items=False,
 ):
     """Returns the Facts of the target rubric: what the candidates missed, got wrong or invented.
 
@@ -137,6 +140,13 @@ def rubric_facts(
     every sample; without this, dropping an object costs only when a shown candidate dropped it
     too). They go after the shape items, replace the deficiency items that name the same pair,
     and do not count against max_items.
+    unbound_items: no item binds a colour to a shape (with absent_shapes, count_items and
+    count_floor, which config validation requires): the shape items, then one "mentions the
+    colour <c>" item per colour the scene has and one "does not mention the colour <c>" per
+    colour it lacks (every colour of the world, weight 2 each), then the background item; the
+    candidates' present, pair-absent and attribute items are not written. Every item is then a
+    check of single words, which a toy Judge that does not bind colour to shape gets right
+    (docs/results.md, session 18); what the rubric no longer prices is which shape a colour is on.
     """
     pairs = {(o.shape, o.colour) for o in scene.objects}
     missing = [s for s in tw.SHAPES if s not in {o.shape for o in scene.objects}]
@@ -178,6 +188,13 @@ def rubric_facts(
     if every_object:
         facts = [f for f in facts if f not in object_facts]
         shape_facts += object_facts
+    if unbound_items:
+        colours = {o.colour for o in scene.objects}
+        colour_facts = [
+            Fact("colour" if colour in colours else "no_colour", value=colour)
+            for colour in tw.COLOURS
+        ]
+        return shape_facts + colour_facts + [Fact("background", value=scene.background)]
     if len(facts) + len(shape_facts) < min_items:
         fill = object_facts + [Fact("background", value=scene.background)]
         facts += [f for f in fill if f not in facts and f not in shape_facts]
@@ -355,6 +372,7 @@ RUBRIC_DEFAULTS = {
     "count_items": False,
     "every_object": False,
     "count_floor": False,
+    "unbound_items": False,
 }
 
 

@@ -17,6 +17,8 @@ WEIGHTS = {
     "only": 3.0,
     "at_most": 3.0,
     "at_least": 3.0,
+    "colour": 2.0,
+    "no_colour": 2.0,
 }
 ONLY_PREFIX = "mentions only"
 AT_MOST_PREFIX = "mentions at most"
@@ -27,6 +29,8 @@ COUNT_KINDS = {
     "at_least": (AT_LEAST_PREFIX, "no fewer named"),
 }
 COUNT_WORDS = ("one", "two", "three", "four")  # the toy world has at most 4 objects
+# the colour kinds (`data.unbound_items`): a colour word anywhere in the caption, no shape bound
+COLOUR_KINDS = {"colour": "mentions the colour", "no_colour": "does not mention the colour"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +41,9 @@ class Fact:
     attribute (referent mention, attribute name, value), background (value), only
     (`allowed`: the scene's objects as Mention(shape, colour); the caption names nothing else)
     or at_most (referent: a shape, value: a count word; the caption names no more objects of
-    that shape, whatever their colour) or at_least (the same; it names no fewer).
+    that shape, whatever their colour) or at_least (the same; it names no fewer), or colour /
+    no_colour (value: a colour; the caption does / does not name something of that colour,
+    whatever its shape).
     """
 
     kind: str
@@ -73,6 +79,11 @@ def item_of(fact):
         prefix, check = COUNT_KINDS[fact.kind]
         return roles.RubricItem(
             f"{prefix} {fact.value} {fact.referent.shape}{plural}", check, WEIGHTS[fact.kind]
+        )
+    if fact.kind in COLOUR_KINDS:
+        check = "named" if fact.kind == "colour" else "not named"
+        return roles.RubricItem(
+            f"{COLOUR_KINDS[fact.kind]} {fact.value}", check, WEIGHTS[fact.kind]
         )
     if fact.kind == "only":
         nouns = [f"a {_referent_phrase(m)}" for m in fact.allowed]
@@ -112,6 +123,11 @@ def parse_criterion(criterion):
             if count not in COUNT_WORDS or shape not in tw.SHAPES:
                 return None
             return Fact(kind, tw.Mention(shape), value=count)
+    for kind, prefix in COLOUR_KINDS.items():
+        colour_item = re.fullmatch(rf"{prefix} ([a-z]+)", text)
+        if colour_item:
+            colour = colour_item.group(1)
+            return Fact(kind, value=colour) if colour in tw.COLOURS else None
     if text.startswith(ONLY_PREFIX):
         mentions, background = tw.parse_caption(text[len(ONLY_PREFIX) :])
         allowed = tuple(tw.Mention(m.shape, m.colour) for m in mentions)
@@ -174,6 +190,11 @@ def judge_fact(fact, mentions, background):
         return roles.Decision(int(named), "it is named" if named else "it is not named")
     if fact.kind == "absent":
         named = any(_matches(m, fact.referent) for m in mentions)
+        return roles.Decision(int(not named), "it is mentioned" if named else "it is not mentioned")
+    if fact.kind in COLOUR_KINDS:
+        named = any(m.colour == fact.value for m in mentions)
+        if fact.kind == "colour":
+            return roles.Decision(int(named), "it is named" if named else "it is not named")
         return roles.Decision(int(not named), "it is mentioned" if named else "it is not mentioned")
     if fact.kind in COUNT_KINDS:
         named = sum(m.shape == fact.referent.shape for m in mentions)
