@@ -217,6 +217,23 @@ def test_judge_gate_refuses_rl_with_a_weak_judge(tmp_path, monkeypatch):
     )
     assert 0.0 <= first["gate/judge_balanced_accuracy"] <= 1.0
     assert first["gate/judge_num_items"] > 0
+    # benchmarks/judge_curve.py reads the run back (config.json, as mocojax.main writes it) and
+    # scores the Judge of each kept checkpoint on scenes past the eval's
+    with open(tmp_path / "warned" / "config.json", "w") as f:
+        f.write(config.to_json_best_effort())
+    spec = importlib.util.spec_from_file_location(
+        "judge_curve",
+        os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "judge_curve.py"),
+    )
+    judge_curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(judge_curve)
+    judge_curve.main([str(tmp_path / "warned"), "--stage", "rl", "--scenes", "2"])
+    with open(tmp_path / "warned" / "judge_curve_rl.json") as f:
+        rows = json.load(f)
+    assert [row["step"] for row in rows] == [1] and rows[0]["num_items"] > 0
+    assert (
+        0.0 <= rows[0]["balanced_accuracy_worst_kind"] <= rows[0]["balanced_accuracy_within_kind"]
+    )
 
 
 def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatch):
