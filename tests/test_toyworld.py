@@ -320,6 +320,22 @@ def test_count_items_by_hand():
         ), caption
 
 
+# A scene with two circles, and the shape items of its rubric (absent shapes, at most, at least).
+TWO_CIRCLES = Scene(
+    "two",
+    "white",
+    (Obj("circle", "red", "large", "top left"), Obj("circle", "blue", "small", "center")),
+)
+TWO_CIRCLE_SHAPE_ITEMS = [
+    "does not mention a square",
+    "does not mention a triangle",
+    "does not mention a diamond",
+    "does not mention a star",
+    "mentions at most two circles",
+    "mentions at least two circles",
+]
+
+
 def test_count_floor_items_by_hand():
     """count_floor: "mentions at least <n> <shape>s" per shape the scene has, read back; a
     caption that drops one of two circles fails it whatever the kept circle's colour (the case a
@@ -345,11 +361,7 @@ def test_count_floor_items_by_hand():
         "it names 1 circle"
     )
     assert toyroles.report_kind(fact) == "at_least"
-    two = Scene(
-        "two",
-        "white",
-        (Obj("circle", "red", "large", "top left"), Obj("circle", "blue", "small", "center")),
-    )
+    two = TWO_CIRCLES
     shown = [
         "A large red circle at the top left and a small blue circle in the center, on a white "
         "background."
@@ -357,14 +369,7 @@ def test_count_floor_items_by_hand():
     facts = toyroles.rubric_facts(
         two, shown, absent_shapes=True, count_items=True, count_floor=True
     )
-    assert [toyroles.item_of(f).criterion for f in facts] == [
-        "does not mention a square",
-        "does not mention a triangle",
-        "does not mention a diamond",
-        "does not mention a star",
-        "mentions at most two circles",
-        "mentions at least two circles",
-    ]
+    assert [toyroles.item_of(f).criterion for f in facts] == TWO_CIRCLE_SHAPE_ITEMS
     assert all(toyroles.fact_is_true(two, f) for f in facts)
     exact = toyroles.ExactRoles(
         {two.id: two}, absent_shapes=True, count_items=True, count_floor=True
@@ -414,21 +419,11 @@ def test_unbound_items_by_hand():
         "colour",
         "no_colour",
     ]
-    two = Scene(
-        "two",
-        "white",
-        (Obj("circle", "red", "large", "top left"), Obj("circle", "blue", "small", "center")),
-    )
+    two = TWO_CIRCLES
     shown = ["A large green circle at the top left and a red square, on a black background."]
     options = dict(absent_shapes=True, count_items=True, count_floor=True, unbound_items=True)
     facts = toyroles.rubric_facts(two, shown, attribute_items=False, **options)
-    assert [toyroles.item_of(f).criterion for f in facts] == [
-        "does not mention a square",
-        "does not mention a triangle",
-        "does not mention a diamond",
-        "does not mention a star",
-        "mentions at most two circles",
-        "mentions at least two circles",
+    assert [toyroles.item_of(f).criterion for f in facts] == TWO_CIRCLE_SHAPE_ITEMS + [
         "mentions the colour red",
         "does not mention the colour green",
         "mentions the colour blue",
