@@ -4,7 +4,7 @@
   python benchmarks/judge_curve.py runs/judge_s2 --stage sft --steps 700,800 --scenes 100
 
 For each kept checkpoint of the stage (or the --steps given), the Judge of those weights is
-scored as RL's gate scores it (`toyworld_eval.judge_gate`: per-item Judge records on RL-like
+scored as RL's gate scores it (`rl_evals.gate_scores`: per-item Judge records on RL-like
 captions, greedy, against the world's exact truth), per item kind and on recoloured presence
 items ("mentions a red square" on a caption naming a square in another colour: a Judge of the
 shape word alone passes all of them, the exact Judge none). The scenes are a validation range
@@ -25,8 +25,7 @@ import ml_collections
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mocojax import checkpoint, config_utils  # noqa: E402
-from mocojax.data import records as records_lib, toyroles  # noqa: E402
-from mocojax.eval import toyworld_eval  # noqa: E402
+from mocojax.train import rl_evals  # noqa: E402
 
 COLUMNS = (
     ("balanced_accuracy_within_kind", "within kinds"),
@@ -61,17 +60,8 @@ def curve(workdir, stage, steps, num_scenes, offset):
     for step in steps:
         params, step = checkpoint.restore_params(workdir, stage, setup.model_config, step=step)
         began = time.time()
-        gate = toyworld_eval.judge_gate(
-            setup.model_config,
-            params,
-            setup.processor,
-            seed=config.data.seed,
-            start=start,
-            num_scenes=num_scenes,
-            batch_size=config.eval.batch_size,
-            max_new_tokens=config.rl.judge_max_new_tokens,
-            judge_per_item=records_lib.judge_item_form(config.data),
-            **toyroles.rubric_options(config.data),
+        gate = rl_evals.gate_scores(
+            config, setup.processor, params, setup.model_config, start, num_scenes
         )
         rows.append({"step": step, "seconds": round(time.time() - began, 1), **gate})
         print(markdown([rows[-1]], header=len(rows) == 1), flush=True)

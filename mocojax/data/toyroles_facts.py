@@ -185,15 +185,12 @@ def only_allows(fact, mention):
 
 def judge_fact(fact, mentions, background):
     """Returns the exact Decision(0/1, rationale) for `fact` on a caption's parsed content."""
-    if fact.kind == "present":
-        named = any(_matches(m, fact.referent) for m in mentions)
-        return roles.Decision(int(named), "it is named" if named else "it is not named")
-    if fact.kind == "absent":
-        named = any(_matches(m, fact.referent) for m in mentions)
-        return roles.Decision(int(not named), "it is mentioned" if named else "it is not mentioned")
-    if fact.kind in COLOUR_KINDS:
-        named = any(m.colour == fact.value for m in mentions)
-        if fact.kind == "colour":
+    if fact.kind in ("present", "absent", *COLOUR_KINDS):
+        if fact.kind in COLOUR_KINDS:
+            named = any(m.colour == fact.value for m in mentions)
+        else:
+            named = any(_matches(m, fact.referent) for m in mentions)
+        if fact.kind in ("present", "colour"):
             return roles.Decision(int(named), "it is named" if named else "it is not named")
         return roles.Decision(int(not named), "it is mentioned" if named else "it is not mentioned")
     if fact.kind in COUNT_KINDS:

@@ -66,6 +66,24 @@ def held_out(config, processor, params, cfg):
     return {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
 
 
+def gate_scores(config, processor, judge_params, cfg, start=None, num_scenes=None):
+    """Returns `toyworld_eval.judge_gate`'s scores of the Judge params, asked as the config's
+    Judge is asked, on scenes start.. (default: the first rl.judge_gate_scenes held-out scenes);
+    benchmarks/judge_curve.py scores a run's checkpoints with it on a range past the eval's."""
+    return toyworld_eval.judge_gate(
+        cfg,
+        judge_params,
+        processor,
+        seed=config.data.seed,
+        start=config.data.num_train_scenes if start is None else start,
+        num_scenes=config.rl.judge_gate_scenes if num_scenes is None else num_scenes,
+        batch_size=config.eval.batch_size,
+        max_new_tokens=config.rl.judge_max_new_tokens,
+        judge_per_item=records_lib.judge_item_form(config.data),
+        **toyroles.rubric_options(config.data),
+    )
+
+
 def judge_gate(config, processor, judge_params, cfg):
     """Scores the Judge that RL starts with on held-out RL-like toy captions; returns
     {"gate/judge_balanced_accuracy_worst_kind", ...}. Below config.rl.judge_gate (on the worst item
@@ -73,18 +91,7 @@ def judge_gate(config, processor, judge_params, cfg):
     raises when config.rl.judge_gate_refuse is set: a Judge that cannot tell a caption that
     meets an item from one that does not gives rewards without signal about quality."""
     rl = config.rl
-    gate = toyworld_eval.judge_gate(
-        cfg,
-        judge_params,
-        processor,
-        seed=config.data.seed,
-        start=config.data.num_train_scenes,
-        num_scenes=rl.judge_gate_scenes,
-        batch_size=config.eval.batch_size,
-        max_new_tokens=rl.judge_max_new_tokens,
-        judge_per_item=records_lib.judge_item_form(config.data),
-        **toyroles.rubric_options(config.data),
-    )
+    gate = gate_scores(config, processor, judge_params, cfg)
     # Within each item kind (a Judge that only learned each kind's usual answer scores 0.5), and
     # the worst kind: RL finds the Judge's weakest kind and writes captions that pass it.
     score = gate["balanced_accuracy_worst_kind"]
