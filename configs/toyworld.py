@@ -195,6 +195,10 @@ def get_config(arg=""):
     config.eval.num_scenes = 200
     config.eval.batch_size = 100
     config.eval.max_new_tokens = 160  # toy rubrics: at most 138 tokens
+    # > 0: the Policy also draws this many captions per held-out scene at policy_temperature
+    # (RL's default sampler), scored as policy_sampled/* beside the greedy policy/* metrics
+    config.eval.policy_samples = 0
+    config.eval.policy_temperature = 1.0
 
     config.export = ml_collections.ConfigDict()
     config.export.stage = "rl"

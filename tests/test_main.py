@@ -259,6 +259,51 @@ def test_eval_stage_scores_sft_and_rl_checkpoints_with_baselines(tmp_path):
         assert result["num_scenes"] == config.eval.num_scenes
 
 
+def test_sampled_policy_eval_groups_draws_by_scene(tmp_path):
+    """eval.policy_samples: k draws per held-out scene, example i's at i*k + j. At a temperature
+    so low that every draw is the argmax, each group is k copies of that scene's greedy caption,
+    so "policy_sampled/*" equals "policy/*" with no spread within a scene; temperature 0 is refused."""
+    from mocojax.eval import toyworld_eval
+
+    config = toyworld.get_config("tiny")
+    config.eval.num_scenes = 3
+    config.eval.policy_samples = 2
+    config.eval.policy_temperature = 1e-6
+    setup = config_utils.build_setup(config, str(tmp_path))
+    params = setup.load_params()
+    kwargs = toyworld_eval.held_out_kwargs(config)
+    assert (kwargs["policy_samples"], kwargs["policy_temperature"]) == (2, 1e-6)
+    result = toyworld_eval.evaluate(setup.model_config, params, setup.processor, **kwargs)
+    assert result["policy_sampled/captions"] == 6
+    for key in ("f1", "precision", "recall", "hallucinated_per_caption", "caption_words"):
+        assert result[f"policy_sampled/{key}"] == pytest.approx(result[f"policy/{key}"]), key
+    assert result["policy_sampled/f1_within_scene_std"] == 0.0
+
+    examples = [
+        e
+        for s in toyworld_eval.tw.make_scenes(config.data.seed, 3, config.data.num_train_scenes)
+        for e in toyroles.scene_sft_records(s, config.data.seed, (1, 0, 0))
+    ]
+    args = (setup.model_config, params, setup.processor, examples, 2, 8, config.data.image_size)
+    greedy = toyworld_eval.generate_texts(*args)
+    assert len(set(greedy)) > 1  # the scenes' captions differ, so a misplaced draw would show
+    drawn = toyworld_eval.generate_texts(*args, num_samples=2, temperature=1e-6)
+    assert drawn == [text for text in greedy for _ in range(2)]
+    with pytest.raises(ValueError, match="temperature > 0"):
+        toyworld_eval.sampled_policy_metrics(
+            setup.model_config,
+            params,
+            setup.processor,
+            examples,
+            {},
+            2,
+            0.0,
+            batch_size=2,
+            max_new_tokens=8,
+            image_size=config.data.image_size,
+        )
+
+
 def _sft_params(config, workdir, stage="sft"):
     cfg = config_utils.build_setup(config, workdir).model_config
     return checkpoint.restore_params(workdir, stage, cfg)

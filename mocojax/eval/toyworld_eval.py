@@ -1,4 +1,5 @@
-"""Exact toy-world quality of a checkpoint on held-out scenes, all three roles, greedy decoding.
+"""Exact toy-world quality of a checkpoint on held-out scenes, all three roles, greedy decoding
+(and, with `policy_samples`, the Policy's sampled captions as RL draws them).
 
 Policy: caption precision / recall / F1 against the scene, hallucinated objects per caption.
 Generator: rubric-item truth rate (items true of the scene; unreadable items count false).
@@ -18,8 +19,23 @@ from mocojax.data import records as records_lib, toyroles, toyworld as tw
 EVAL_MIX = (1, 1, 2)  # Policy, Generator, Judge prompts per held-out scene
 
 
-def generate_texts(cfg, params, processor, examples, batch_size, max_new_tokens, image_size):
-    """Returns the greedy completion text of each example (prompt without its target)."""
+def generate_texts(
+    cfg,
+    params,
+    processor,
+    examples,
+    batch_size,
+    max_new_tokens,
+    image_size,
+    *,
+    num_samples=1,
+    temperature=0.0,
+    seed=0,
+):
+    """Returns the completion texts of the examples (prompts without their targets): greedy, or
+    with temperature > 0 num_samples draws per example (example k's at k*num_samples + j), the
+    batch starting at example i drawn with the key of seed + i (the same texts at any batch size
+    only when greedy)."""
     texts = []
     for i in range(0, len(examples), batch_size):
         chunk = examples[i : i + batch_size]
@@ -39,6 +55,9 @@ def generate_texts(cfg, params, processor, examples, batch_size, max_new_tokens,
             batch["pixel_values"],
             batch["image_grid_thw"],
             max_new_tokens=max_new_tokens,
+            num_samples=num_samples,
+            temperature=temperature,
+            rng=seed + i if temperature > 0 else None,
             eos_token_ids=processor.eos_token_ids,
             pad_id=processor.pad_token_id,
         )
@@ -65,6 +84,9 @@ def held_out_kwargs(config):
     if config.data.get("tasks", "roles") == "roles":  # the Judge is asked as it was trained
         kwargs["judge_per_item"] = records_lib.judge_item_form(config.data)
         kwargs.update(toyroles.rubric_options(config.data))
+        if config.eval.get("policy_samples", 0):
+            kwargs["policy_samples"] = config.eval.policy_samples
+            kwargs["policy_temperature"] = config.eval.policy_temperature
     return kwargs
 
 
@@ -80,6 +102,8 @@ def evaluate(
     max_new_tokens,
     image_size=128,
     judge_per_item=False,
+    policy_samples=0,
+    policy_temperature=1.0,
     **rubric,
 ):
     """Returns toy-world quality metrics of params on scenes start..start+num_scenes-1 (seed `seed`).
@@ -88,6 +112,9 @@ def evaluate(
     `data.judge_per_item` run trains it; its accuracies are then per item, not per record.
     rubric: `toyroles.rubric_facts`'s options (`toyroles.RUBRIC_DEFAULTS`' keys): the held-out
     rubrics are written as a run with those `data` settings trains the Generator to write.
+    policy_samples > 0: the Policy also draws that many captions per scene at policy_temperature
+    (RL's sampler: no top-p / top-k), scored as "policy_sampled/*" -- what GRPO trains is the
+    sampling distribution, which can gain where the greedy caption does not (docs/results.md).
 
     Long because it is one pass from generation to the metrics dict: each role's outputs are
     generated once, then Policy captions (with the image-blind baseline), Generator rubrics (with
@@ -154,6 +181,22 @@ def evaluate(
         on_policy, on_policy_out
     )
     on_decided = sum(on_confusion.values())
+    sampled = (
+        sampled_policy_metrics(
+            cfg,
+            params,
+            processor,
+            by_role["policy"],
+            scenes,
+            policy_samples,
+            policy_temperature,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            image_size=image_size,
+        )
+        if policy_samples
+        else {}
+    )
     result = {
         "policy/f1": float(np.mean([m["f1"] for m in policy])),
         "policy/f1_image_blind": float(np.mean(blind)),
@@ -163,6 +206,7 @@ def evaluate(
         "policy/caption_words": float(np.mean([len(t.split()) for t in outputs["policy"]])),
         "policy/distinct_captions": len(set(outputs["policy"])),
         **{f"policy/{k}": v for k, v in tw.caption_breakdown(policy).items()},
+        **sampled,
         "generator/rubric_truth_rate": float(np.mean(truth)),
         "generator/rubric_truth_other_scene": float(np.mean(truth_other)),
         "generator/items_per_rubric": float(np.mean(num_items)),
@@ -205,6 +249,59 @@ def evaluate(
         },
     }
     return result
+
+
+def sampled_policy_metrics(
+    cfg,
+    params,
+    processor,
+    policy_examples,
+    scenes,
+    num_samples,
+    temperature,
+    *,
+    batch_size,
+    max_new_tokens,
+    image_size,
+):
+    """Returns "policy_sampled/*": F1, precision, recall, hallucinations and words of num_samples
+    captions drawn per Policy prompt at temperature (mean over every draw), the mean over scenes
+    of the per-scene standard deviation of F1 (how much a group of draws differs, the spread
+    GRPO ranks) and the draw count. Batches hold batch_size draws (whole groups)."""
+    if temperature <= 0:
+        raise ValueError(f"policy_samples needs a temperature > 0, got {temperature}")
+    per_batch = max(1, batch_size // num_samples)
+    texts = generate_texts(
+        cfg,
+        params,
+        processor,
+        policy_examples,
+        per_batch,
+        max_new_tokens,
+        image_size,
+        num_samples=num_samples,
+        temperature=temperature,
+    )
+    metrics, spread = [], []
+    for k, e in enumerate(policy_examples):
+        group = [
+            tw.caption_metrics(scenes[e["scene_id"]], text)
+            for text in texts[k * num_samples : (k + 1) * num_samples]
+        ]
+        metrics += group
+        spread.append(float(np.std([m["f1"] for m in group])))
+    return {
+        "policy_sampled/f1": float(np.mean([m["f1"] for m in metrics])),
+        "policy_sampled/f1_within_scene_std": float(np.mean(spread)),
+        "policy_sampled/precision": float(np.mean([m["precision"] for m in metrics])),
+        "policy_sampled/recall": float(np.mean([m["recall"] for m in metrics])),
+        "policy_sampled/hallucinated_per_caption": float(
+            np.mean([len(m["hallucinated"]) for m in metrics])
+        ),
+        "policy_sampled/caption_words": float(np.mean([len(t.split()) for t in texts])),
+        "policy_sampled/temperature": float(temperature),
+        "policy_sampled/captions": len(texts),
+    }
 
 
 def policy_judge_examples(generator_examples, policy_examples, captions):
