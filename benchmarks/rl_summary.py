@@ -3,7 +3,7 @@
   python benchmarks/rl_summary.py runs/judge_s1 [runs/judge_s2 ...]   # from the repository root
 
 Per workdir, one markdown row of the held-out evals (eval_sft_*.json, eval_rl_*.json: F1 with
-its image-blind baseline, hallucinations, words, the Judge within kinds and on recoloured
+its image-blind baseline, the sampled captions' F1 where the eval drew them, hallucinations, words, the Judge within kinds and on recoloured
 presence items, the gain), then the means over RL's first and last 20 updates of the logged
 truth metrics (metrics.jsonl: sample F1, hallucinations, words, within-group r, zero-variance
 groups, the Judge's accuracy and its pass rate on recoloured presence items). This is how the
@@ -21,6 +21,7 @@ import numpy as np
 EVAL_KEYS = (
     ("policy/f1", "F1"),
     ("policy/f1_image_blind", "blind F1"),
+    ("policy_sampled/f1", "sampled F1"),  # eval.policy_samples > 0 only
     ("policy/hallucinated_per_caption", "halluc."),
     ("policy/caption_words", "words"),
     ("judge/balanced_accuracy_within_kind", "Judge within kinds"),
@@ -119,7 +120,11 @@ def main(argv=None):
         if evals["sft"] and evals["rl"]:
             gain = evals["rl"]["policy/f1"] - evals["sft"]["policy/f1"]
             words = evals["rl"]["policy/caption_words"] / evals["sft"]["policy/caption_words"] - 1
-            print(f"| {workdir} | RL - SFT | F1 {gain:+.3f}, words {words:+.0%} |")
+            line = f"F1 {gain:+.3f}, words {words:+.0%}"
+            if "policy_sampled/f1" in evals["sft"] and "policy_sampled/f1" in evals["rl"]:
+                sampled = evals["rl"]["policy_sampled/f1"] - evals["sft"]["policy_sampled/f1"]
+                line += f", sampled F1 {sampled:+.3f}"
+            print(f"| {workdir} | RL - SFT | {line} |")
     print()
     print("| run | RL updates | " + " | ".join(label for _, label in RL_KEYS) + " |")
     print("|---|---|" + "---|" * len(RL_KEYS))

@@ -18,10 +18,11 @@ def _load():
 
 
 def test_rl_summary_reads_a_runs_files_by_hand(tmp_path, capsys):
-    evals = {"sft_800": (0.5, 20.0), "rl_600": (0.6, 15.0), "rl_40": (0.1, 1.0)}
-    for name, (f1, words) in evals.items():
+    evals = {"sft_800": (0.5, 20.0, 0.4), "rl_600": (0.6, 15.0, 0.55), "rl_40": (0.1, 1.0, 0.0)}
+    for name, (f1, words, sampled) in evals.items():
         with open(tmp_path / f"eval_{name}.json", "w") as f:
-            json.dump({"policy/f1": f1, "policy/caption_words": words}, f)
+            row = {"policy/f1": f1, "policy/caption_words": words, "policy_sampled/f1": sampled}
+            json.dump(row, f)
     with open(tmp_path / "metrics.jsonl", "w") as f:
         f.write(json.dumps({"stage": "sft", "step": 800, "true/caption_f1": 9.0}) + "\n")
         for step in range(41):  # step 0 (the gate) is not an update
@@ -40,6 +41,6 @@ def test_rl_summary_reads_a_runs_files_by_hand(tmp_path, capsys):
     _load().main([str(tmp_path)])
     out = capsys.readouterr().out
     assert "| rl | 0.600 |" in out  # the latest RL eval (step 600, not 40)
-    assert "F1 +0.100, words -25%" in out
+    assert "F1 +0.100, words -25%, sampled F1 +0.150" in out
     assert f"| {tmp_path} | 40 | 0.20 -> 0.80 |" in out  # 40 updates; first 20 / last 20
     assert "first / last 100 updates: 1.00 -> 0.00" in out
