@@ -187,6 +187,9 @@ def get_config(arg=""):
     # e.g. (0, 4) with mix (0, 0, 0): the Composer alone (configs/acecap_loop.py)
     config.warmup.loop_mix = (0, 0)
     config.warmup.num_steps = 1000
+    # > 0: the warm-up's learning rate anneals over its first restart_at steps, then jumps back
+    # to the num_steps cosine at step restart_at (state.learning_rate_schedule); 0: one cosine
+    config.warmup.restart_at = 0
     config.warmup.global_batch_size = 32
 
     config.eval = ml_collections.ConfigDict()

@@ -481,6 +481,13 @@ def _check_warmup(config, split):
         )
     for key in ("num_steps", "global_batch_size"):
         _check(config, "warmup." + key, _positive_int, "must be a positive int")
+    if config.warmup.get("restart_at", 0):
+        _check(
+            config,
+            "warmup.restart_at",
+            lambda v: isinstance(v, int) and 0 < v < config.warmup.num_steps,
+            f"must be 0 (one cosine) or a step in (0, warmup.num_steps={config.warmup.num_steps})",
+        )
     _check(
         config,
         "warmup.global_batch_size",

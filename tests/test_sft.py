@@ -198,6 +198,27 @@ def test_schedule_warms_up_then_decays():
     assert float(schedule(150)) < 1e-5 and float(schedule(299)) < 1e-7
 
 
+def test_restarted_schedule_by_hand():
+    """restart_at=R: the R-step schedule (annealed) until step R, then the total's own cosine
+    from step R: lr 1e-3, 5% warmup, end 5%; values from the cosine formula."""
+    lr, end = 1e-3, 0.05
+    schedule = state_lib.learning_rate_schedule(lr, 3000, 0.05, end, restart_at=1000)
+
+    def cosine(step, total, warm):
+        return lr * end + (lr - lr * end) * 0.5 * (
+            1 + np.cos(np.pi * (step - warm) / (total - warm))
+        )
+
+    np.testing.assert_allclose(float(schedule(25)), lr / 2, rtol=1e-6)  # 50 warmup steps of 1000
+    np.testing.assert_allclose(float(schedule(500)), cosine(500, 1000, 50), rtol=1e-5)
+    np.testing.assert_allclose(float(schedule(999)), cosine(999, 1000, 50), rtol=1e-5)
+    np.testing.assert_allclose(float(schedule(1000)), cosine(1000, 3000, 150), rtol=1e-5)
+    np.testing.assert_allclose(float(schedule(2500)), cosine(2500, 3000, 150), rtol=1e-5)
+    assert float(schedule(999)) < 0.06 * lr < 0.7 * lr < float(schedule(1000))  # the jump
+    with pytest.raises(ValueError, match="restart_at=3000"):
+        state_lib.learning_rate_schedule(lr, 3000, 0.05, end, restart_at=3000)
+
+
 def test_non_finite_batch_through_the_real_step_is_skipped_and_the_next_trains(setup, train_step):
     """Issue #13 item 10 (docs/reliability.md): NaN pixels through the jitted SFT step. Same
     batch shape as the tests above, so the compiled step is shared."""

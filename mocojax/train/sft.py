@@ -331,7 +331,8 @@ def warmup_config(config):
     """Returns the config the warm-up stage trains with: config.sft's, with config.warmup's
     record mix, steps and batch (e.g. Judge records only, before the role mix), started from
     model.init_from (never from another stage). The evidence loop's records come from
-    warmup.loop_mix ((0, 0) when absent: none), not data.loop_mix."""
+    warmup.loop_mix ((0, 0) when absent: none), not data.loop_mix; warmup.restart_at (0 when
+    absent: one cosine) restarts its learning-rate schedule (`state.learning_rate_schedule`)."""
     out = config.copy_and_resolve_references()
     with out.unlocked():
         out.data.mix = tuple(config.warmup.mix)
@@ -339,6 +340,7 @@ def warmup_config(config):
         out.sft.num_steps = config.warmup.num_steps
         out.sft.global_batch_size = config.warmup.global_batch_size
         out.sft.init_stage = ""
+        out.optimizer.restart_at = config.warmup.get("restart_at", 0)
     return out
 
 
@@ -374,12 +376,7 @@ def run_sft(config, workdir, stage="sft"):
         )
         eval_examples = []
     optimizer = state_lib.make_optimizer(config.optimizer, sft.num_steps)
-    schedule = state_lib.learning_rate_schedule(
-        config.optimizer.lr,
-        sft.num_steps,
-        config.optimizer.warmup_ratio,
-        config.optimizer.end_lr_ratio,
-    )
+    schedule = state_lib.optimizer_schedule(config.optimizer, sft.num_steps)
     process_index, process_count = jax.process_index(), jax.process_count()
     num_micro = sft.grad_accum_steps
 

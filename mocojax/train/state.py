@@ -10,8 +10,20 @@ import ml_collections
 import optax
 
 
-def learning_rate_schedule(lr, total_steps, warmup_ratio, end_lr_ratio=0.0):
-    """Returns step -> lr: linear warmup over ceil(warmup_ratio * total_steps) steps, then cosine decay."""
+def learning_rate_schedule(lr, total_steps, warmup_ratio, end_lr_ratio=0.0, restart_at=0):
+    """Returns step -> lr: linear warmup over ceil(warmup_ratio * total_steps) steps, then cosine decay.
+
+    restart_at > 0: steps 0..restart_at-1 follow this schedule over restart_at steps (annealed
+    to end_lr_ratio), then steps restart_at.. follow the total_steps schedule from its own step
+    restart_at on -- the learning rate jumps back up, as when a run annealed over restart_at steps
+    is resumed with total_steps (how docs/results.md session 18 first trained a binding Judge).
+    """
+    if restart_at:
+        if not 0 < restart_at < total_steps:
+            raise ValueError(f"restart_at={restart_at} must lie in (0, {total_steps})")
+        first = learning_rate_schedule(lr, restart_at, warmup_ratio, end_lr_ratio)
+        whole = learning_rate_schedule(lr, total_steps, warmup_ratio, end_lr_ratio)
+        return optax.join_schedules([first, lambda step: whole(step + restart_at)], [restart_at])
     warmup_steps = int(-(-warmup_ratio * total_steps // 1))
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0,
@@ -22,11 +34,21 @@ def learning_rate_schedule(lr, total_steps, warmup_ratio, end_lr_ratio=0.0):
     )
 
 
+def optimizer_schedule(opt_config, total_steps):
+    """Returns the learning-rate schedule of an `optimizer` config block over total_steps
+    (its `restart_at`, when set, as `learning_rate_schedule`'s)."""
+    return learning_rate_schedule(
+        opt_config.lr,
+        total_steps,
+        opt_config.warmup_ratio,
+        opt_config.end_lr_ratio,
+        opt_config.get("restart_at", 0),
+    )
+
+
 def make_optimizer(opt_config, total_steps):
     """Returns the optax transformation of an `optimizer` config block: clip, then AdamW on the schedule."""
-    schedule = learning_rate_schedule(
-        opt_config.lr, total_steps, opt_config.warmup_ratio, opt_config.end_lr_ratio
-    )
+    schedule = optimizer_schedule(opt_config, total_steps)
     return optax.chain(
         optax.clip_by_global_norm(opt_config.grad_clip_norm),
         optax.adamw(
