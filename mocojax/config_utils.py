@@ -330,6 +330,14 @@ def validate(config, stages):
         _check_warmup(config, split)
     for key in ("num_scenes", "batch_size", "max_new_tokens"):
         _check(config, "eval." + key, _positive_int, "must be a positive int")
+    if config.eval.get("policy_samples", 0):
+        _check(config, "eval.policy_samples", _positive_int, "must be 0 (off) or a positive int")
+        _check(
+            config,
+            "eval.policy_temperature",
+            lambda v: v > 0,
+            "must be > 0: policy_samples draws captions (greedy is policy/*)",
+        )
     _check(
         config,
         "eval.stage",

@@ -117,6 +117,18 @@ def test_unbound_items_need_the_shape_items_and_no_binding_items():
         config_utils.validate(config, main.STAGES)
 
 
+def test_sampled_eval_settings_are_validated_before_any_work():
+    config = toyworld.get_config("tiny")
+    config.eval.policy_samples, config.eval.policy_temperature = 4, 0.0
+    with pytest.raises(ValueError, match=r"eval.policy_temperature=0.0: must be > 0"):
+        config_utils.validate(config, main.STAGES)
+    config.eval.policy_temperature = 1.0
+    config_utils.validate(config, main.STAGES)
+    config.eval.policy_samples = -2
+    with pytest.raises(ValueError, match=r"eval.policy_samples=-2"):
+        config_utils.validate(config, main.STAGES)
+
+
 def test_toy_world_evals_on_user_data_fail_naming_the_key(tmp_path):
     config = toyworld.get_config("tiny")
     config.data.source, config.data.train_path = "jsonl", str(tmp_path / "train.jsonl")

@@ -30,12 +30,11 @@ def generate_texts(
     *,
     num_samples=1,
     temperature=0.0,
-    seed=0,
 ):
     """Returns the completion texts of the examples (prompts without their targets): greedy, or
     with temperature > 0 num_samples draws per example (example k's at k*num_samples + j), the
-    batch starting at example i drawn with the key of seed + i (the same texts at any batch size
-    only when greedy)."""
+    batch starting at example i drawn with the key i (the same texts at any batch size only when
+    greedy)."""
     texts = []
     for i in range(0, len(examples), batch_size):
         chunk = examples[i : i + batch_size]
@@ -57,7 +56,7 @@ def generate_texts(
             max_new_tokens=max_new_tokens,
             num_samples=num_samples,
             temperature=temperature,
-            rng=seed + i if temperature > 0 else None,
+            rng=i if temperature > 0 else None,
             eos_token_ids=processor.eos_token_ids,
             pad_id=processor.pad_token_id,
         )
