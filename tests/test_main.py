@@ -290,6 +290,19 @@ def test_sampled_policy_eval_groups_draws_by_scene(tmp_path):
     for key in ("f1", "precision", "recall", "hallucinated_per_caption", "caption_words"):
         assert result[f"policy_sampled/{key}"] == pytest.approx(result[f"policy/{key}"]), key
     assert result["policy_sampled/f1_within_scene_std"] == 0.0
+    # The Policy-only readout (RL's validation) gives the full eval's Policy metrics.
+    alone = toyworld_eval.evaluate_policy(
+        setup.model_config,
+        params,
+        setup.processor,
+        **{k: kwargs[k] for k in ("seed", "start", "num_scenes", "batch_size", "max_new_tokens")},
+        image_size=config.data.image_size,
+        policy_samples=2,
+        policy_temperature=1e-6,
+    )
+    policy_keys = sorted(k for k in result if k.startswith("policy"))
+    assert sorted(k for k in alone if k != "num_scenes") == policy_keys
+    assert {k: alone[k] for k in policy_keys} == {k: result[k] for k in policy_keys}
 
     examples = [
         e

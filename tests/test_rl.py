@@ -80,7 +80,6 @@ def test_rl_end_to_end_policy_moves_momentum_is_ema_roles_get_no_gradient(tmp_pa
     config.rl.generator, config.rl.judge = "ema", "frozen"  # one EMA copy, one frozen copy
     config.rl.lr, config.rl.warmup_ratio = 1e-2, 0.0  # every one of the 3 updates moves the model
     rl_patterns.patterned_roles(monkeypatch.setattr)
-    monkeypatch.setattr(rl_evals, "held_out", lambda *args: {})  # held-out eval has its own tests
 
     step_state_keys, trajectory, momenta, objective_change = [], [], [], []
     make_grpo_step, sync = rl.make_grpo_step, momentum.sync
@@ -242,6 +241,7 @@ def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatc
     config = _toy_config()
     config.rl.generator, config.rl.judge = "exact", "exact"
     config.rl.num_steps = 2
+    config.rl.eval_every, config.rl.val_scenes = 2, 3
 
     def no_model(*args, **kwargs):
         raise AssertionError("a role model ran although the role is exact")
@@ -258,6 +258,25 @@ def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatc
         assert row["true/rubric_item_truth"] == 1.0 and row["true/rubric_item_unreadable"] == 0.0
         assert row["true/judge_accuracy"] == 1.0
         assert "tracking_error" not in row  # no momentum copy
+    # rl.eval_every = 2: the validation readout at the start (no gate: the Judge is exact) and
+    # at step 2, on rl.val_scenes scenes; not at step 1.
+    with open(tmp_path / "metrics.jsonl") as f:
+        val = {
+            row["step"]: row
+            for row in map(json.loads, f)
+            if row["stage"] == "rl" and "val/policy/f1" in row
+        }
+    assert sorted(val) == [0, 2] and all(row["val/num_scenes"] == 3 for row in val.values())
+    for row in val.values():
+        assert 0.0 <= row["val/policy/f1"] <= 1.0 and row["val/policy/caption_words"] > 0
+
+
+def test_validation_range_follows_the_eval_scenes():
+    """RL's readout scores scenes after the eval stage's (training 0..n-1, eval n..n+e-1), so a
+    setting chosen on it is not chosen on the scenes the results report."""
+    config = _toy_config()
+    config.data.num_train_scenes, config.eval.num_scenes, config.rl.val_scenes = 4000, 200, 100
+    assert rl_evals.validation_range(config) == (4200, 100)
 
 
 def test_gaming_stop_ends_rl_at_the_warning_and_a_rerun_does_not_resume_it(tmp_path, monkeypatch):
@@ -269,7 +288,6 @@ def test_gaming_stop_ends_rl_at_the_warning_and_a_rerun_does_not_resume_it(tmp_p
     config = _toy_config()
     config.rl.generator, config.rl.judge = "exact", "exact"
     config.rl.num_steps, config.rl.checkpoint_every, config.rl.gaming_stop = 4, 10, True
-    monkeypatch.setattr(rl_evals, "held_out", lambda *args: {})
 
     class ScriptedWatch(rl_evals.GamingWatch):
         def update(self, step, metrics):
@@ -375,7 +393,6 @@ def test_per_item_judge_asks_one_item_per_row_in_rl(tmp_path, monkeypatch, form)
 
     monkeypatch.setattr(rollout_lib, "write_rubrics", fixed_rubric)
     monkeypatch.setattr(rollout_lib, "_generate", recording_generate)
-    monkeypatch.setattr(rl_evals, "held_out", lambda *args: {})
     rl.run_rl(config, str(tmp_path))
     # Policy sampling, the Generator, then the Judge: G groups x N captions x 2 items, padded to
     # a power of two by repeating the first question.

@@ -140,16 +140,6 @@ def evaluate(
         for role in records_lib.ROLES
     }
 
-    policy = [
-        tw.caption_metrics(scenes[e["scene_id"]], text)
-        for e, text in zip(by_role["policy"], outputs["policy"])
-    ]
-    # Image-blind baseline: each scene captioned with the next held-out scene's reference.
-    order = list(scenes.values())
-    blind = [
-        tw.caption_metrics(scene, tw.reference_captions(order[(k + 1) % len(order)], seed)[0])["f1"]
-        for k, scene in enumerate(order)
-    ]
     truth, truth_other, unreadable_items, num_items = [], [], 0, []
     for e, text in zip(by_role["generator"], outputs["generator"]):
         items, _ = roles.parse_rubric(text)
@@ -197,14 +187,7 @@ def evaluate(
         else {}
     )
     result = {
-        "policy/f1": float(np.mean([m["f1"] for m in policy])),
-        "policy/f1_image_blind": float(np.mean(blind)),
-        "policy/precision": float(np.mean([m["precision"] for m in policy])),
-        "policy/recall": float(np.mean([m["recall"] for m in policy])),
-        "policy/hallucinated_per_caption": float(np.mean([len(m["hallucinated"]) for m in policy])),
-        "policy/caption_words": float(np.mean([len(t.split()) for t in outputs["policy"]])),
-        "policy/distinct_captions": len(set(outputs["policy"])),
-        **{f"policy/{k}": v for k, v in tw.caption_breakdown(policy).items()},
+        **policy_caption_metrics(scenes, by_role["policy"], outputs["policy"], seed),
         **sampled,
         "generator/rubric_truth_rate": float(np.mean(truth)),
         "generator/rubric_truth_other_scene": float(np.mean(truth_other)),
@@ -248,6 +231,76 @@ def evaluate(
         },
     }
     return result
+
+
+def policy_caption_metrics(scenes, policy_examples, captions, seed):
+    """Returns "policy/*": F1, precision, recall, hallucinations, words, distinct captions and
+    the per-kind breakdown of the Policy's captions of scenes (id -> Scene), and the image-blind
+    baseline "policy/f1_image_blind": each scene captioned with the next scene's reference."""
+    policy = [
+        tw.caption_metrics(scenes[e["scene_id"]], text)
+        for e, text in zip(policy_examples, captions)
+    ]
+    order = list(scenes.values())
+    blind = [
+        tw.caption_metrics(scene, tw.reference_captions(order[(k + 1) % len(order)], seed)[0])["f1"]
+        for k, scene in enumerate(order)
+    ]
+    return {
+        "policy/f1": float(np.mean([m["f1"] for m in policy])),
+        "policy/f1_image_blind": float(np.mean(blind)),
+        "policy/precision": float(np.mean([m["precision"] for m in policy])),
+        "policy/recall": float(np.mean([m["recall"] for m in policy])),
+        "policy/hallucinated_per_caption": float(np.mean([len(m["hallucinated"]) for m in policy])),
+        "policy/caption_words": float(np.mean([len(t.split()) for t in captions])),
+        "policy/distinct_captions": len(set(captions)),
+        **{f"policy/{k}": v for k, v in tw.caption_breakdown(policy).items()},
+    }
+
+
+def evaluate_policy(
+    cfg,
+    params,
+    processor,
+    *,
+    seed,
+    start,
+    num_scenes,
+    batch_size,
+    max_new_tokens,
+    image_size=128,
+    policy_samples=0,
+    policy_temperature=1.0,
+):
+    """Returns `evaluate`'s "policy/*" (and, with policy_samples, "policy_sampled/*") metrics of
+    params on scenes start..start+num_scenes-1 and "num_scenes", without the Generator and Judge
+    passes: the Policy-only readout RL takes on its validation range (`rl.eval_every`)."""
+    scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}
+    examples = [r for s in scenes.values() for r in toyroles.scene_sft_records(s, seed, (1, 0, 0))]
+    captions = generate_texts(
+        cfg, params, processor, examples, batch_size, max_new_tokens, image_size
+    )
+    sampled = (
+        sampled_policy_metrics(
+            cfg,
+            params,
+            processor,
+            examples,
+            scenes,
+            policy_samples,
+            policy_temperature,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            image_size=image_size,
+        )
+        if policy_samples
+        else {}
+    )
+    return {
+        **policy_caption_metrics(scenes, examples, captions, seed),
+        **sampled,
+        "num_scenes": num_scenes,
+    }
 
 
 def sampled_policy_metrics(

@@ -110,7 +110,11 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     # it), so the eval stage scores the Policy before the gamed reward lowers it further.
     rl.gaming_stop = False
     rl.log_samples_every = 5  # K: one step's groups go to <workdir>/rl_samples.jsonl
-    rl.eval_every = 0  # > 0: held-out toy-world eval at the start and every n steps (0: none; the eval stage scores checkpoints)
+    # > 0 (toy world): the Policy's greedy F1, hallucinations and words on the validation range
+    # (the val_scenes scenes after the eval stage's; "val/*") at the start and every n steps, to
+    # choose settings on; 0: none (the eval stage scores the checkpoints on the eval scenes).
+    rl.eval_every = 0
+    rl.val_scenes = 100
     rl.checkpoint_every = 20
     rl.keep_checkpoints = 2
     rl.max_skipped_steps = 10  # stop the run after this many updates in a row skipped as non-finite
@@ -207,7 +211,7 @@ def validate(rl) -> None:
         value = rl[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             _fail(key, value, "must be a positive int")
-    for key in ("num_scenes", "eval_every", "top_k", "gaming_window"):
+    for key in ("num_scenes", "eval_every", "top_k", "gaming_window", "val_scenes"):
         if not isinstance(rl[key], int) or rl[key] < 0:
             _fail(key, rl[key], "must be an int >= 0")
     if rl.subset_size > rl.num_samples:
