@@ -42,14 +42,6 @@ COLUMNS = (
 )
 
 
-def kept_steps(workdir, stage):
-    """Returns the sorted checkpoint steps kept under <workdir>/checkpoints/<stage>."""
-    directory = checkpoint.stage_dir(workdir, stage)
-    if not os.path.isdir(directory):
-        raise SystemExit(f"{directory}: no checkpoints of stage {stage!r}")
-    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
-
-
 def curve(workdir, stage, steps, num_scenes, offset):
     """Returns [{"step", "seconds", <judge_gate's keys>}] for each step's checkpoint."""
     with open(os.path.join(workdir, "config.json")) as f:  # written by mocojax.main
@@ -98,7 +90,7 @@ def main(argv=None):
     steps = (
         [int(s) for s in args.steps.split(",")]
         if args.steps
-        else kept_steps(args.workdir, args.stage)
+        else checkpoint.kept_steps(args.workdir, args.stage)
     )
     rows = curve(args.workdir, args.stage, steps, args.scenes, args.offset)
     out = os.path.join(args.workdir, f"judge_curve_{args.stage}.json")

@@ -144,6 +144,19 @@ def latest_step(workdir, stage):
         return manager.latest_step()
 
 
+def kept_steps(workdir, stage):
+    """Returns the sorted finished checkpoint steps of a stage; FileNotFoundError naming the
+    directory when the stage has none."""
+    path = stage_dir(workdir, stage)
+    steps = []
+    if os.path.isdir(path):
+        with ocp.CheckpointManager(path, options=_READ_ONLY) as manager:
+            steps = sorted(manager.all_steps())
+    if not steps:
+        raise FileNotFoundError(f"{path}: no checkpoints of stage {stage!r}")
+    return steps
+
+
 def restore_params(workdir, stage, cfg, step=None, shardings=None):
     """Returns (params, step) of a stage's checkpoint (when step is None: the newest that restores,
     with a warning naming each newer broken one; RuntimeError naming the directory when none does).

@@ -269,6 +269,23 @@ def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatc
     assert sorted(val) == [0, 2] and all(row["val/num_scenes"] == 3 for row in val.values())
     for row in val.values():
         assert 0.0 <= row["val/policy/f1"] <= 1.0 and row["val/policy/caption_words"] > 0
+    # benchmarks/policy_curve.py reads the saved step-2 checkpoint back on the same range and
+    # scores its Policy exactly as the run did in memory (greedy: the same captions)
+    with open(tmp_path / "config.json", "w") as f:
+        f.write(config.to_json_best_effort())
+    spec = importlib.util.spec_from_file_location(
+        "policy_curve",
+        os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "policy_curve.py"),
+    )
+    policy_curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(policy_curve)
+    policy_curve.main([str(tmp_path), "--stage", "rl", "--steps", "2", "--scenes", "3"])
+    with open(tmp_path / "policy_curve_rl.json") as f:
+        (row,) = json.load(f)
+    assert row["step"] == 2
+    assert {k: row[k] for k in val[2] if k.startswith("val/")} == {
+        k: v for k, v in val[2].items() if k.startswith("val/")
+    }
 
 
 def test_validation_range_follows_the_eval_scenes():
