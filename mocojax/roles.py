@@ -41,6 +41,7 @@ JUDGE_INSTRUCTION = (
 # Weights above this are clipped: one runaway item must not drown the rest of the rubric.
 MAX_WEIGHT = 10.0
 DEFAULT_WEIGHT = 1.0
+DUPLICATE_CRITERION = "duplicate criterion, dropped"  # parse_rubric's problem for a repeated item
 
 _FENCE = re.compile(r"^\s*```")
 # Leading decoration a model may put before the id: bullets, "item", "#", "[". Possessive
@@ -325,7 +326,7 @@ def parse_rubric(text, max_items=20):
             problems.append(f"item {item_id}: missing check")
         key = " ".join(criterion.lower().split())
         if key in seen_criteria:
-            problems.append(f"item {item_id}: duplicate criterion, dropped")
+            problems.append(f"item {item_id}: {DUPLICATE_CRITERION}")
             continue
         if len(items) == max_items:
             problems.append(f"more than {max_items} items, rest dropped")

@@ -286,6 +286,18 @@ def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatc
     assert {k: row[k] for k in val[2] if k.startswith("val/")} == {
         k: v for k, v in val[2].items() if k.startswith("val/")
     }
+    # benchmarks/generator_curve.py reads the same checkpoint in the Generator role there
+    spec = importlib.util.spec_from_file_location(
+        "generator_curve",
+        os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "generator_curve.py"),
+    )
+    generator_curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator_curve)
+    generator_curve.main([str(tmp_path), "--stage", "rl", "--steps", "2", "--scenes", "3"])
+    with open(tmp_path / "generator_curve_rl.json") as f:
+        (row,) = json.load(f)
+    assert row["step"] == 2 and row["num_scenes"] == 3 and row["example"]["target"]
+    assert 0.0 <= row["rubric_truth_other_scene"] < 1.0 and 0.0 <= row["rubric_truth_rate"] <= 1.0
 
 
 def test_validation_range_follows_the_eval_scenes():

@@ -637,6 +637,38 @@ def test_records_parse_back_and_are_true(seed):
             assert toyroles.judge_accuracy(rubric, example["caption"], decisions) == (1.0, 0)
 
 
+def test_generator_rubric_metrics_by_hand():
+    """The eval's (and benchmarks/generator_curve.py's) reading of written rubrics: targets are
+    true and exact; a rubric that repeats its first item twice has 2 of its n+2 items repeated;
+    the next scene's target, read on a scene, is the other-scene baseline."""
+    from mocojax.eval import toyworld_eval
+
+    scenes = {s.id: s for s in tw.make_scenes(3, 4, start=100)}
+    options = dict(absent_shapes=True, count_items=True, attribute_items=False)
+    examples = [
+        r for s in scenes.values() for r in toyroles.scene_sft_records(s, 3, (0, 1, 0), **options)
+    ]
+    targets = [e["target"] for e in examples]
+    got = toyworld_eval.generator_rubric_metrics(scenes, examples, targets)
+    assert got["generator/rubric_truth_rate"] == 1.0 and got["generator/exact_target_rate"] == 1.0
+    assert got["generator/repeated_item_rate"] == 0.0 and got["generator/unreadable_items"] == 0
+    other = [
+        toyroles.rubric_truth_rate(
+            scenes[e["scene_id"]], roles.parse_rubric(targets[(k + 1) % 4])[0]
+        )[0]
+        for k, e in enumerate(examples)
+    ]
+    assert got["generator/rubric_truth_other_scene"] == pytest.approx(np.mean(other))
+    assert np.mean(other) < 1.0
+    lines = targets[0].splitlines()
+    first = lines[0].split(" | ", 1)[1]  # its weight, criterion and rationale, under new ids
+    doubled = "\n".join(lines + [f"{len(lines) + 1} | {first}", f"{len(lines) + 2} | {first}"])
+    got = toyworld_eval.generator_rubric_metrics(scenes, examples[:1], [doubled])
+    assert got["generator/repeated_item_rate"] == pytest.approx(2 / (len(lines) + 2))
+    assert got["generator/exact_target_rate"] == 0.0 and got["generator/rubric_truth_rate"] == 1.0
+    assert got["generator/items_per_rubric"] == len(lines)  # the repeats are dropped, as in RL
+
+
 def test_uncut_rubric_catches_every_flawed_candidate():
     for scene in tw.make_scenes(9, 150):
         candidates = [c["caption"] for c in tw.candidate_captions(scene, seed=9)]

@@ -140,20 +140,6 @@ def evaluate(
         for role in records_lib.ROLES
     }
 
-    truth, truth_other, unreadable_items, num_items = [], [], 0, []
-    for e, text in zip(by_role["generator"], outputs["generator"]):
-        items, _ = roles.parse_rubric(text)
-        rate, unreadable = toyroles.rubric_truth_rate(scenes[e["scene_id"]], items)
-        truth.append(rate)
-        unreadable_items += unreadable
-        num_items.append(len(items))
-    # Baseline: a rubric written for another scene (the next one's target rubric), read on this one.
-    generator_examples = by_role["generator"]
-    for k, e in enumerate(generator_examples):
-        other_items, _ = roles.parse_rubric(
-            generator_examples[(k + 1) % len(generator_examples)]["target"]
-        )
-        truth_other.append(toyroles.rubric_truth_rate(scenes[e["scene_id"]], other_items)[0])
     confusion, accuracy, always_1, by_kind, recoloured = _judge_scores(
         by_role["judge"], outputs["judge"]
     )
@@ -189,10 +175,7 @@ def evaluate(
     result = {
         **policy_caption_metrics(scenes, by_role["policy"], outputs["policy"], seed),
         **sampled,
-        "generator/rubric_truth_rate": float(np.mean(truth)),
-        "generator/rubric_truth_other_scene": float(np.mean(truth_other)),
-        "generator/items_per_rubric": float(np.mean(num_items)),
-        "generator/unreadable_items": int(unreadable_items),
+        **generator_rubric_metrics(scenes, by_role["generator"], outputs["generator"]),
         "judge/accuracy": float(np.mean(accuracy)),
         "judge/accuracy_always_1": float(np.mean(always_1)),
         "judge/balanced_accuracy": float(toyroles.balanced_accuracy(confusion)),
@@ -255,6 +238,37 @@ def policy_caption_metrics(scenes, policy_examples, captions, seed):
         "policy/caption_words": float(np.mean([len(t.split()) for t in captions])),
         "policy/distinct_captions": len(set(captions)),
         **{f"policy/{k}": v for k, v in tw.caption_breakdown(policy).items()},
+    }
+
+
+def generator_rubric_metrics(scenes, generator_examples, rubrics):
+    """Returns "generator/*" of the rubrics written for Generator examples of scenes (id -> Scene):
+    the share of items true of the scene, with the baseline of a rubric written for another scene
+    (the next example's target, read on this one); readable items per rubric (a repeated criterion dropped,
+    as `roles.parse_rubric` drops it for RL); unreadable items; the share of written items that
+    repeat an earlier criterion of the same rubric (they check nothing new);
+    the share of rubrics equal to their target."""
+    truth, other, counts, repeated, unreadable, exact = [], [], [], [], 0, 0
+    for k, (e, text) in enumerate(zip(generator_examples, rubrics)):
+        items, problems = roles.parse_rubric(text)  # a repeated criterion is dropped, as in RL
+        rate, bad = toyroles.rubric_truth_rate(scenes[e["scene_id"]], items)
+        truth.append(rate)
+        unreadable += bad
+        counts.append(len(items))
+        dropped = sum(roles.DUPLICATE_CRITERION in p for p in problems)
+        repeated.append(dropped / (len(items) + dropped) if items or dropped else 0.0)
+        exact += text.strip() == e["target"].strip()
+        other_items, _ = roles.parse_rubric(
+            generator_examples[(k + 1) % len(generator_examples)]["target"]
+        )
+        other.append(toyroles.rubric_truth_rate(scenes[e["scene_id"]], other_items)[0])
+    return {
+        "generator/rubric_truth_rate": float(np.mean(truth)),
+        "generator/rubric_truth_other_scene": float(np.mean(other)),
+        "generator/items_per_rubric": float(np.mean(counts)),
+        "generator/repeated_item_rate": float(np.mean(repeated)),
+        "generator/unreadable_items": int(unreadable),
+        "generator/exact_target_rate": exact / max(len(generator_examples), 1),
     }
 
 
