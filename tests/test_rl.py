@@ -269,35 +269,32 @@ def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatc
     assert sorted(val) == [0, 2] and all(row["val/num_scenes"] == 3 for row in val.values())
     for row in val.values():
         assert 0.0 <= row["val/policy/f1"] <= 1.0 and row["val/policy/caption_words"] > 0
-    # benchmarks/policy_curve.py reads the saved step-2 checkpoint back on the same range and
-    # scores its Policy exactly as the run did in memory (greedy: the same captions)
+    # benchmarks/role_curve.py reads the saved step-2 checkpoint back on the same range and
+    # scores its Policy exactly as the run did in memory (greedy: the same captions), then
+    # reads the same checkpoint in the Generator role there
     with open(tmp_path / "config.json", "w") as f:
         f.write(config.to_json_best_effort())
     spec = importlib.util.spec_from_file_location(
-        "policy_curve",
-        os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "policy_curve.py"),
+        "role_curve",
+        os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "role_curve.py"),
     )
-    policy_curve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(policy_curve)
-    policy_curve.main([str(tmp_path), "--stage", "rl", "--steps", "2", "--scenes", "3"])
+    role_curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(role_curve)
+    role_curve.main([str(tmp_path), "--stage", "rl", "--steps", "2", "--scenes", "3"])
     with open(tmp_path / "policy_curve_rl.json") as f:
         (row,) = json.load(f)
     assert row["step"] == 2
     assert {k: row[k] for k in val[2] if k.startswith("val/")} == {
         k: v for k, v in val[2].items() if k.startswith("val/")
     }
-    # benchmarks/generator_curve.py reads the same checkpoint in the Generator role there
-    spec = importlib.util.spec_from_file_location(
-        "generator_curve",
-        os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "generator_curve.py"),
+    role_curve.main(
+        [str(tmp_path), "--role", "generator", "--stage", "rl", "--steps", "2", "--scenes", "3"]
     )
-    generator_curve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator_curve)
-    generator_curve.main([str(tmp_path), "--stage", "rl", "--steps", "2", "--scenes", "3"])
     with open(tmp_path / "generator_curve_rl.json") as f:
         (row,) = json.load(f)
-    assert row["step"] == 2 and row["num_scenes"] == 3 and row["example"]["target"]
-    assert 0.0 <= row["rubric_truth_other_scene"] < 1.0 and 0.0 <= row["rubric_truth_rate"] <= 1.0
+    assert row["step"] == 2 and row["val/num_scenes"] == 3 and row["example"]["target"]
+    assert 0.0 <= row["val/generator/rubric_truth_other_scene"] < 1.0
+    assert 0.0 <= row["val/generator/rubric_truth_rate"] <= 1.0
 
 
 def test_validation_range_follows_the_eval_scenes():

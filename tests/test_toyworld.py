@@ -638,7 +638,7 @@ def test_records_parse_back_and_are_true(seed):
 
 
 def test_generator_rubric_metrics_by_hand():
-    """The eval's (and benchmarks/generator_curve.py's) reading of written rubrics: targets are
+    """The eval's (and benchmarks/role_curve.py's) reading of written rubrics: targets are
     true and exact; a rubric that repeats its first item twice has 2 of its n+2 items repeated;
     the next scene's target, read on a scene, is the other-scene baseline."""
     from mocojax.eval import toyworld_eval

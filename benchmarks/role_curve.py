@@ -1,0 +1,172 @@
+"""The Policy or the Generator on the validation range, for runs' kept checkpoints.
+
+  python benchmarks/role_curve.py runs/lk2 runs/one_s2 --stage rl --steps 600      # from the repository root
+  python benchmarks/role_curve.py runs/gen_s2 --role generator --stage sft
+
+For each run and each kept checkpoint of the stage (or the --steps given), the model of those
+weights is asked in one role on the validation range -- the scenes after the eval stage's held-out
+scenes (data.num_train_scenes + eval.num_scenes ..., `rl_evals.validation_range`), the range RL's
+`rl.eval_every` readout and benchmarks/judge_curve.py read -- greedily, and scored against the
+world's exact truth:
+
+- `--role policy` (default): its captions (`rl_evals.validation`): F1, object precision and
+  recall, invented objects and words per caption, next to the image-blind caption's F1
+  (`--samples k` adds k captions per scene drawn at T 1, "val/policy_sampled/*");
+- `--role generator`: one rubric per scene from the prompts its SFT records have (the scene, the
+  references, four weak candidates), read as the eval stage reads them
+  (`toyworld_eval.generator_rubric_metrics`): the share of items true of the scene next to a
+  rubric written for another scene, readable items per rubric, the share of written items that
+  repeat an earlier one (dropped, as RL drops them), unreadable items, rubrics equal to their target.
+
+Choices between runs (a KL weight, a warm-up schedule, a number of steps) are made on these rows,
+not on the eval stage's scenes that docs/results.md reports. Each run's config.json gives the
+model, tokenizer, data seed and rubric options. Prints one markdown row per (run, step) and
+writes each run's rows to <workdir>/<role>_curve_<stage>.json.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import ml_collections
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from mocojax import checkpoint, config_utils  # noqa: E402
+from mocojax.data import toyroles, toyworld as tw  # noqa: E402
+from mocojax.eval import toyworld_eval  # noqa: E402
+from mocojax.train import rl_evals  # noqa: E402
+
+COLUMNS = {
+    "policy": (
+        ("val/policy/f1", "F1"),
+        ("val/policy/precision", "precision"),
+        ("val/policy/recall", "recall"),
+        ("val/policy/hallucinated_per_caption", "invented / caption"),
+        ("val/policy/caption_words", "words"),
+        ("val/policy/f1_image_blind", "image-blind F1"),
+    ),
+    "generator": (
+        ("val/generator/rubric_truth_rate", "truth"),
+        ("val/generator/rubric_truth_other_scene", "another scene's rubric"),
+        ("val/generator/items_per_rubric", "items / rubric"),
+        ("val/generator/repeated_item_rate", "repeated items"),
+        ("val/generator/unreadable_items", "unreadable items"),
+        ("val/generator/exact_target_rate", "rubric = target"),
+    ),
+}
+
+
+def generator_scorer(config, setup):
+    """Returns params -> "val/generator/*" of the Generator's rubrics on the validation range."""
+    start, num_scenes = rl_evals.validation_range(config)
+    seed = config.data.seed
+    scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}
+    options = toyroles.rubric_options(config.data)
+    examples = [
+        r
+        for s in scenes.values()
+        for r in toyroles.scene_sft_records(s, seed, (0, 1, 0), **options)
+    ]
+
+    def score(params):
+        rubrics = toyworld_eval.generate_texts(
+            setup.model_config,
+            params,
+            setup.processor,
+            examples,
+            config.eval.batch_size,
+            config.eval.max_new_tokens,
+            config.data.image_size,
+        )
+        metrics = toyworld_eval.generator_rubric_metrics(scenes, examples, rubrics)
+        return {
+            **{f"val/{k}": v for k, v in metrics.items()},
+            "val/num_scenes": num_scenes,
+            "example": {"written": rubrics[0], "target": examples[0]["target"]},
+        }
+
+    return score
+
+
+def curve(workdir, stage, steps, num_scenes, role="policy", samples=0):
+    """Returns [{"run", "step", "seconds", "val/...": ...}] for each step's checkpoint of workdir
+    (every kept one when steps is empty), the role's metrics (module docstring)."""
+    with open(os.path.join(workdir, "config.json")) as f:  # written by mocojax.main
+        config = ml_collections.ConfigDict(json.load(f))
+    config.rl.val_scenes = num_scenes
+    config.eval.policy_samples, config.eval.policy_temperature = samples, 1.0
+    setup = config_utils.build_setup(config, workdir)
+    if role == "generator":
+        score = generator_scorer(config, setup)
+    else:
+        score = lambda params: rl_evals.validation(  # noqa: E731
+            config, setup.processor, params, setup.model_config
+        )
+    rows = []
+    for step in steps or checkpoint.kept_steps(workdir, stage):
+        params, step = checkpoint.restore_params(workdir, stage, setup.model_config, step=step)
+        began = time.time()
+        scores = score(params)
+        rows.append(
+            {"run": workdir, "step": step, "seconds": round(time.time() - began, 1), **scores}
+        )
+    return rows
+
+
+def markdown(rows, role="policy", header=True):
+    """Returns the rows as markdown table lines (the header first when header)."""
+    columns = COLUMNS[role]
+    lines = []
+    if header:
+        lines.append("| run | step | " + " | ".join(name for _, name in columns) + " | scenes |")
+        lines.append("|---" * (len(columns) + 3) + "|")
+    for row in rows:
+        cells = [
+            str(row[key]) if isinstance(row[key], int) else f"{row[key]:.3f}" for key, _ in columns
+        ]
+        lines.append(
+            f"| {os.path.basename(os.path.normpath(row['run']))} | {row['step']} | "
+            + " | ".join(cells)
+            + f" | {row['val/num_scenes']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("workdirs", nargs="+")
+    parser.add_argument("--role", default="policy", choices=sorted(COLUMNS))
+    parser.add_argument("--stage", default="rl", help="checkpoints/<stage> (warmup, sft, rl)")
+    parser.add_argument(
+        "--steps", default="", help="comma-separated steps (default: every kept one)"
+    )
+    parser.add_argument("--scenes", type=int, default=100, help="validation scenes")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=0,
+        help="policy: also this many sampled captions per scene (T 1)",
+    )
+    args = parser.parse_args(argv)
+    if args.scenes < 2 or args.samples < 0:
+        parser.error(
+            f"--scenes must be >= 2 (the other-scene baselines) and --samples >= 0, "
+            f"got {args.scenes}, {args.samples}"
+        )
+    steps = [int(s) for s in args.steps.split(",")] if args.steps else []
+    header = True
+    for workdir in args.workdirs:
+        rows = curve(workdir, args.stage, steps, args.scenes, args.role, args.samples)
+        print(markdown(rows, args.role, header=header), flush=True)
+        header = False
+        out = os.path.join(workdir, f"{args.role}_curve_{args.stage}.json")
+        with open(out, "w") as f:
+            json.dump(rows, f, indent=1)
+        print(f"wrote {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
