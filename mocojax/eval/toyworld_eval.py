@@ -156,25 +156,22 @@ def evaluate(
         on_policy, on_policy_out
     )
     on_decided = sum(on_confusion.values())
-    sampled = (
-        sampled_policy_metrics(
-            cfg,
-            params,
-            processor,
-            by_role["policy"],
-            scenes,
-            policy_samples,
-            policy_temperature,
-            batch_size=batch_size,
-            max_new_tokens=max_new_tokens,
-            image_size=image_size,
-        )
-        if policy_samples
-        else {}
+    policy = policy_metrics(
+        cfg,
+        params,
+        processor,
+        by_role["policy"],
+        scenes,
+        outputs["policy"],
+        seed=seed,
+        policy_samples=policy_samples,
+        policy_temperature=policy_temperature,
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        image_size=image_size,
     )
     result = {
-        **policy_caption_metrics(scenes, by_role["policy"], outputs["policy"], seed),
-        **sampled,
+        **policy,
         **generator_rubric_metrics(scenes, by_role["generator"], outputs["generator"]),
         "judge/accuracy": float(np.mean(accuracy)),
         "judge/accuracy_always_1": float(np.mean(always_1)),
@@ -294,27 +291,40 @@ def evaluate_policy(
     captions = generate_texts(
         cfg, params, processor, examples, batch_size, max_new_tokens, image_size
     )
-    sampled = (
-        sampled_policy_metrics(
+    return {
+        **policy_metrics(
             cfg,
             params,
             processor,
             examples,
             scenes,
-            policy_samples,
-            policy_temperature,
+            captions,
+            seed=seed,
+            policy_samples=policy_samples,
+            policy_temperature=policy_temperature,
             batch_size=batch_size,
             max_new_tokens=max_new_tokens,
             image_size=image_size,
+        ),
+        "num_scenes": num_scenes,
+    }
+
+
+def policy_metrics(
+    cfg, params, processor, examples, scenes, captions, *, seed, policy_samples, **generation
+):
+    """Returns `policy_caption_metrics` of the greedy captions of the Policy examples and, with
+    policy_samples > 0, `sampled_policy_metrics` of that many draws per example (generation:
+    policy_temperature, batch_size, max_new_tokens, image_size)."""
+    temperature = generation.pop("policy_temperature")
+    sampled = (
+        sampled_policy_metrics(
+            cfg, params, processor, examples, scenes, policy_samples, temperature, **generation
         )
         if policy_samples
         else {}
     )
-    return {
-        **policy_caption_metrics(scenes, examples, captions, seed),
-        **sampled,
-        "num_scenes": num_scenes,
-    }
+    return {**policy_caption_metrics(scenes, examples, captions, seed), **sampled}
 
 
 def sampled_policy_metrics(
