@@ -47,7 +47,12 @@ def curve(workdir, stage, steps, num_scenes, offset):
     with open(os.path.join(workdir, "config.json")) as f:  # written by mocojax.main
         config = ml_collections.ConfigDict(json.load(f))
     setup = config_utils.build_setup(config, workdir)
-    start = config.data.num_train_scenes + (config.eval.num_scenes if offset is None else offset)
+    config.rl.val_scenes = num_scenes  # (a run's config.json may predate the key)
+    start = (
+        rl_evals.validation_range(config)[0]
+        if offset is None
+        else config.data.num_train_scenes + offset
+    )
     rows = []
     for step in steps:
         params, step = checkpoint.restore_params(workdir, stage, setup.model_config, step=step)

@@ -311,15 +311,31 @@ def evaluate_policy(
 
 
 def policy_metrics(
-    cfg, params, processor, examples, scenes, captions, *, seed, policy_samples, **generation
+    cfg,
+    params,
+    processor,
+    examples,
+    scenes,
+    captions,
+    *,
+    seed,
+    policy_samples,
+    policy_temperature,
+    **generation,
 ):
     """Returns `policy_caption_metrics` of the greedy captions of the Policy examples and, with
-    policy_samples > 0, `sampled_policy_metrics` of that many draws per example (generation:
-    policy_temperature, batch_size, max_new_tokens, image_size)."""
-    temperature = generation.pop("policy_temperature")
+    policy_samples > 0, `sampled_policy_metrics` of that many draws per example at
+    policy_temperature (generation: batch_size, max_new_tokens, image_size)."""
     sampled = (
         sampled_policy_metrics(
-            cfg, params, processor, examples, scenes, policy_samples, temperature, **generation
+            cfg,
+            params,
+            processor,
+            examples,
+            scenes,
+            policy_samples,
+            policy_temperature,
+            **generation,
         )
         if policy_samples
         else {}

@@ -200,6 +200,7 @@ def validate(rl) -> None:
         "log_samples_every",
         "checkpoint_every",
         "keep_checkpoints",
+        "val_scenes",
         "judge_gate_scenes",
         "max_skipped_steps",
         "committee_size",
@@ -211,7 +212,7 @@ def validate(rl) -> None:
         value = rl[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             _fail(key, value, "must be a positive int")
-    for key in ("num_scenes", "eval_every", "top_k", "gaming_window", "val_scenes"):
+    for key in ("num_scenes", "eval_every", "top_k", "gaming_window"):
         if not isinstance(rl[key], int) or rl[key] < 0:
             _fail(key, rl[key], "must be an int >= 0")
     if rl.subset_size > rl.num_samples:
