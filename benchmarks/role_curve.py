@@ -65,6 +65,7 @@ def generator_scorer(config, setup):
     seed = config.data.seed
     scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}
     options = toyroles.rubric_options(config.data)
+    options["generator_reference_order"] = config.data.get("generator_reference_order", False)
     examples = [
         r
         for s in scenes.values()

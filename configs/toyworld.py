@@ -91,6 +91,9 @@ def get_config(arg=""):
     # has (toyworld.recolour_captions), so "mentions a red square" is seen unmet on a caption
     # that names a blue square (a learned Judge passed 45-99% of those on RL's samples).
     config.data.judge_recolours = False
+    # True: the Generator's target lists its items in the order its reference caption names the
+    # objects (toyroles.reference_ordered), not in the world's draw order, which no text shows.
+    config.data.generator_reference_order = False
     # ACE-Cap's evidence loop (docs/acecap.md): (Instruct, Composer) SFT records per scene
     # (mocojax/data/toyloop.py: exact answers, teacher transcripts); non-zero also appends the
     # loop prompts' words to the toy tokenizer. (0, 0): none.

@@ -247,7 +247,13 @@ def validate(config, stages):
             "must be (Instruct, Composer) record counts per scene, two ints >= 0; records exist "
             "for data.source='toyworld' only (mocojax/data/toyloop.py)",
         )
-    for key in (*toyroles.RUBRIC_DEFAULTS, "judge_repeats", "judge_fragments", "judge_recolours"):
+    for key in (
+        *toyroles.RUBRIC_DEFAULTS,
+        "judge_repeats",
+        "judge_fragments",
+        "judge_recolours",
+        "generator_reference_order",
+    ):
         if key in config.data:
             _check(config, f"data.{key}", lambda v: isinstance(v, bool), "must be True or False")
     if config.data.get("unbound_items", False):
@@ -657,6 +663,7 @@ def sft_examples(config, processor=None):
             judge_repeats=data.get("judge_repeats", False),
             judge_fragments=data.get("judge_fragments", False),
             judge_recolours=data.get("judge_recolours", False),
+            generator_reference_order=data.get("generator_reference_order", False),
             **toyroles.rubric_options(data),
         )
         train = toyroles.sft_records(data.seed, data.num_train_scenes, tuple(data.mix), **options)

@@ -669,6 +669,50 @@ def test_generator_rubric_metrics_by_hand():
     assert got["generator/items_per_rubric"] == len(lines)  # the repeats are dropped, as in RL
 
 
+def test_generator_reference_order_follows_the_reference_by_hand():
+    """generator_reference_order: the scene's objects in the order its reference names them (any
+    unnamed after); the Generator's count items then follow the reference's first mention of each
+    shape, the items themselves do not change, and the Judge's records are the same."""
+    reference = "A small blue square in the center and a large red circle at the top left."
+    ordered = toyroles.reference_ordered(SCENE, reference)
+    assert ordered.objects == SCENE.objects[::-1] and ordered.background == SCENE.background
+    assert toyroles.reference_ordered(SCENE, "A small blue square.").objects == SCENE.objects[::-1]
+    assert toyroles.reference_ordered(SCENE, "A white background.").objects == SCENE.objects
+    shown = ["A white background."]
+    options = dict(absent_shapes=True, count_items=True, attribute_items=False)
+    criteria = [
+        toyroles.item_of(f).criterion for f in toyroles.rubric_facts(ordered, shown, **options)
+    ]
+    assert criteria[3:] == [
+        "mentions at most one square",
+        "mentions at most one circle",
+        "mentions a blue square",
+        "mentions a red circle",
+    ]
+    kinds = dict(judge_repeats=True, policy_drop=0.4, **options)
+    changed = 0
+    for scene in tw.make_scenes(5, 40):
+        plain, ordered_records = (
+            toyroles.scene_sft_records(scene, 5, (1, 2, 2), generator_reference_order=o, **kinds)
+            for o in (False, True)
+        )
+        for a, b in zip(plain, ordered_records):
+            if a["role"] != "generator":
+                assert a == b
+                continue
+            items = roles.parse_rubric(b["target"])[0]
+            assert set(items) == set(roles.parse_rubric(a["target"])[0])
+            changed += a["target"] != b["target"]
+            named = [m.shape for m in tw.parse_caption(b["references"][0])[0]]
+            counted = [
+                toyroles.parse_criterion(i.criterion).referent.shape
+                for i in items
+                if i.criterion.startswith("mentions at most")
+            ]
+            assert counted == list(dict.fromkeys(named)), (b["references"][0], b["target"])
+    assert changed > 10  # the draw order and the reference's differ in most scenes
+
+
 def test_uncut_rubric_catches_every_flawed_candidate():
     for scene in tw.make_scenes(9, 150):
         candidates = [c["caption"] for c in tw.candidate_captions(scene, seed=9)]

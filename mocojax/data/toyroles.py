@@ -22,6 +22,7 @@ circle is small") is still read, never written (`toyroles_facts._phrase_form` sa
 """
 
 import collections
+import dataclasses
 import json
 import os
 import re
@@ -207,6 +208,20 @@ def rubric_facts(
     return facts[:k] + shape_facts + facts[k:]
 
 
+def reference_ordered(scene, reference):
+    """Returns the scene with its objects in the order the reference caption names them (any it
+    does not name after them, in scene order).
+
+    The scene's own order is the order the world drew its objects in, which no text shows; a
+    Generator target written in it asks the model for an order it cannot see (the count and
+    presence items follow it), while in the reference's order the rubric is a function of the
+    Generator's prompt (`data.generator_reference_order`)."""
+    assignment = tw.match_mentions(scene, tw.parse_caption(reference)[0])
+    named = [k for k in assignment if k is not None]
+    order = named + [k for k in range(len(scene.objects)) if k not in named]
+    return dataclasses.replace(scene, objects=tuple(scene.objects[k] for k in order))
+
+
 def only_fact(scene):
     """Returns the scene's "mentions only <its objects>" Fact (objects as colour and shape)."""
     return Fact(
@@ -242,6 +257,7 @@ def scene_sft_records(
     judge_repeats=False,
     judge_fragments=False,
     judge_recolours=False,
+    generator_reference_order=False,
     **rubric,
 ):
     """Returns the SFT records of one scene: mix = (policy, generator, judge) record counts.
@@ -262,6 +278,9 @@ def scene_sft_records(
     judge_recolours: JUDGE_RECOLOUR_SHARE of the Judge records that do not judge a reference judge
     a `toyworld.recolour_captions` caption (an object named in a colour no object of its shape
     has), so presence items are seen unmet on captions that name the shape.
+    generator_reference_order: the Generator's target lists its count and presence items in the
+    order its reference names the objects (`reference_ordered`), not the world's hidden draw
+    order; the same items, so the Judge's records and RL's reward do not change.
     rubric: `rubric_facts`'s options (`only_item`, `attribute_items`, `absent_shapes`; the keys
     of RUBRIC_DEFAULTS), as `rubric_options(config.data)` gives them.
 
@@ -286,19 +305,20 @@ def scene_sft_records(
         for k in range(num_policy)
     ]
     judged_rubric = shown = None
+    written = reference_ordered(scene, references[0]) if generator_reference_order else scene
     for g in range(max(1, num_generator)):
         subset = tw.weak_captions(scene, seed, num_candidates, salt=g)
+        captions = [c["caption"] for c in subset]
         items = [
             item_of(f)
-            for f in rubric_facts(
-                scene,
-                [c["caption"] for c in subset],
-                max_items=MAX_RUBRIC_ITEMS,
-                **rubric,
-            )
+            for f in rubric_facts(written, captions, max_items=MAX_RUBRIC_ITEMS, **rubric)
         ]
-        if judged_rubric is None:  # Judge records use the first rubric.
-            judged_rubric, shown = items, subset
+        if judged_rubric is None:  # Judge records use the first rubric, in the scene's order.
+            judged_rubric = [
+                item_of(f)
+                for f in rubric_facts(scene, captions, max_items=MAX_RUBRIC_ITEMS, **rubric)
+            ]
+            shown = subset
         if g < num_generator:
             records.append(
                 {

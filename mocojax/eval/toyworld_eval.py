@@ -83,6 +83,8 @@ def held_out_kwargs(config):
     if config.data.get("tasks", "roles") == "roles":  # the Judge is asked as it was trained
         kwargs["judge_per_item"] = records_lib.judge_item_form(config.data)
         kwargs.update(toyroles.rubric_options(config.data))
+        if config.data.get("generator_reference_order", False):  # targets as it was trained
+            kwargs["generator_reference_order"] = True
         if config.eval.get("policy_samples", 0):
             kwargs["policy_samples"] = config.eval.policy_samples
             kwargs["policy_temperature"] = config.eval.policy_temperature
@@ -109,8 +111,9 @@ def evaluate(
 
     judge_per_item: the Judge is asked once per rubric item (`records.judge_items`), as a
     `data.judge_per_item` run trains it; its accuracies are then per item, not per record.
-    rubric: `toyroles.rubric_facts`'s options (`toyroles.RUBRIC_DEFAULTS`' keys): the held-out
-    rubrics are written as a run with those `data` settings trains the Generator to write.
+    rubric: `toyroles.rubric_facts`'s options (`toyroles.RUBRIC_DEFAULTS`' keys) and
+    `generator_reference_order`: the held-out rubrics are written as a run with those `data`
+    settings trains the Generator to write.
     policy_samples > 0: the Policy also draws that many captions per scene at policy_temperature
     (RL's sampler: no top-p / top-k), scored as "policy_sampled/*" -- what GRPO trains is the
     sampling distribution, which can gain where the greedy caption does not (docs/results.md).
