@@ -220,12 +220,7 @@ def test_judge_gate_refuses_rl_with_a_weak_judge(tmp_path, monkeypatch):
     # scores the Judge of each kept checkpoint on scenes past the eval's
     with open(tmp_path / "warned" / "config.json", "w") as f:
         f.write(config.to_json_best_effort())
-    spec = importlib.util.spec_from_file_location(
-        "judge_curve",
-        os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "judge_curve.py"),
-    )
-    judge_curve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(judge_curve)
+    judge_curve = _benchmark("judge_curve")
     judge_curve.main([str(tmp_path / "warned"), "--stage", "rl", "--scenes", "2"])
     with open(tmp_path / "warned" / "judge_curve_rl.json") as f:
         rows = json.load(f)
@@ -274,12 +269,7 @@ def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatc
     # reads the same checkpoint in the Generator role there
     with open(tmp_path / "config.json", "w") as f:
         f.write(config.to_json_best_effort())
-    spec = importlib.util.spec_from_file_location(
-        "role_curve",
-        os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "role_curve.py"),
-    )
-    role_curve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(role_curve)
+    role_curve = _benchmark("role_curve")
     role_curve.main([str(tmp_path), "--stage", "rl", "--steps", "2", "--scenes", "3"])
     with open(tmp_path / "policy_curve_rl.json") as f:
         (row,) = json.load(f)
@@ -295,6 +285,46 @@ def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatc
     assert row["step"] == 2 and row["val/num_scenes"] == 3 and row["example"]["target"]
     assert 0.0 <= row["val/generator/rubric_truth_other_scene"] < 1.0
     assert 0.0 <= row["val/generator/rubric_truth_rate"] <= 1.0
+    # benchmarks/paired_gain.py: the checkpoint against itself (its trivial baseline) gains
+    # exactly 0 on every scene, and its per-scene means are the run's own validation readout
+    paired_gain = _benchmark("paired_gain")
+    paired_gain.main([str(tmp_path), "--a", "rl:2", "--b", "rl", "--range", "validation"])
+    with open(tmp_path / "paired_rl_2_rl_2_validation.json") as f:
+        result = json.load(f)
+    f1 = result["f1"]
+    assert f1["num_scenes"] == 3 and f1["tied"] == 3 and f1["gain"] == 0.0
+    assert f1["ci95"] == [0.0, 0.0] and f1["share_reaching_target"] == 0.0
+    assert f1["mean_a"] == pytest.approx(val[2]["val/policy/f1"], abs=1e-12)
+    assert result["words"]["mean_b"] == pytest.approx(val[2]["val/policy/caption_words"])
+    with pytest.raises(SystemExit):  # a step the run does not keep: a clear error
+        paired_gain.main([str(tmp_path), "--a", "rl:7", "--range", "validation"])
+
+
+def _benchmark(name):
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", f"{name}.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_paired_summary_by_hand():
+    """benchmarks/paired_gain.py's paired comparison: per-scene differences [0, 0.2] have mean
+    0.1, standard error 0.1 (normal interval 0.1 +- 0.196), and a bootstrap mean of 0, 0.1 or 0.2
+    with probabilities 1/4, 1/2, 1/4, so 3/4 of resamples reach a 0.05 target; a constant
+    difference has a degenerate interval."""
+    paired_gain = _benchmark("paired_gain")
+    got = paired_gain.paired_summary([0.5, 0.5], [0.5, 0.7], target=0.05, num_resamples=40000)
+    assert got["gain"] == pytest.approx(0.1) and got["mean_b"] == pytest.approx(0.6)
+    assert got["normal_ci95"] == pytest.approx([0.1 - 0.196, 0.1 + 0.196])
+    assert got["share_reaching_target"] == pytest.approx(0.75, abs=0.01)
+    assert got["ci95"] == pytest.approx([0.0, 0.2])
+    assert (got["b_higher"], got["b_lower"], got["tied"]) == (1, 0, 1)
+    same = paired_gain.paired_summary([0.1, 0.2, 0.3], [0.2, 0.3, 0.4], target=0.05)
+    assert same["ci95"] == pytest.approx([0.1, 0.1]) and same["share_reaching_target"] == 1.0
+    with pytest.raises(ValueError, match="equal 1-D"):
+        paired_gain.paired_summary([0.1, 0.2], [0.1])
 
 
 def test_validation_range_follows_the_eval_scenes():
