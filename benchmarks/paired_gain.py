@@ -35,6 +35,8 @@ from mocojax.data import toyroles, toyworld as tw  # noqa: E402
 from mocojax.eval import toyworld_eval  # noqa: E402
 from mocojax.train import rl_evals  # noqa: E402
 
+# rl.val_scenes' default (mocojax/train/rl_config.py), for runs whose config.json predates it.
+VALIDATION_SCENES = 100
 # The per-scene values compared: F1, invented objects and words of each scene's caption.
 COLUMNS = ("f1", "hallucinated", "words")
 
@@ -114,6 +116,8 @@ def compare(workdir, a="sft", b="rl", where="eval", num_scenes=0, target=0.05, r
     if where == "eval":
         start, size = config.data.num_train_scenes, config.eval.num_scenes
     elif where == "validation":
+        if "val_scenes" not in config.rl:  # a run from before rl.val_scenes: its default
+            config.rl.val_scenes = VALIDATION_SCENES
         start, size = rl_evals.validation_range(config)
     else:
         raise ValueError(f"range must be 'eval' or 'validation', got {where!r}")
