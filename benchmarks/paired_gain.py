@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mocojax import checkpoint, config_utils  # noqa: E402
-from mocojax.data import toyroles, toyworld as tw  # noqa: E402
+from mocojax.data import toyworld as tw  # noqa: E402
 from mocojax.eval import toyworld_eval  # noqa: E402
 from mocojax.train import rl_evals  # noqa: E402
 
@@ -75,14 +75,13 @@ def paired_summary(a, b, target=0.05, num_resamples=10000, seed=0):
 def per_scene(config, setup, params, start, num_scenes):
     """Returns {"f1", "hallucinated", "words"}: per-scene lists of the Policy's greedy captions
     on scenes start..start+num_scenes-1, as the eval stage scores them (`toyworld_eval`)."""
-    seed = config.data.seed
-    scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}
-    examples = [r for s in scenes.values() for r in toyroles.scene_sft_records(s, seed, (1, 0, 0))]
-    captions = toyworld_eval.generate_texts(
+    scenes, examples, captions = toyworld_eval.policy_captions(
         setup.model_config,
         params,
         setup.processor,
-        examples,
+        config.data.seed,
+        start,
+        num_scenes,
         config.eval.batch_size,
         config.eval.max_new_tokens,
         config.data.image_size,

@@ -272,6 +272,19 @@ def generator_rubric_metrics(scenes, generator_examples, rubrics):
     }
 
 
+def policy_captions(
+    cfg, params, processor, seed, start, num_scenes, batch_size, max_new_tokens, image_size=128
+):
+    """Returns (scenes {id: Scene}, Policy examples, greedy captions) of params on scenes
+    start..start+num_scenes-1: what `evaluate_policy` scores (and benchmarks/paired_gain.py per scene)."""
+    scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}
+    examples = [r for s in scenes.values() for r in toyroles.scene_sft_records(s, seed, (1, 0, 0))]
+    captions = generate_texts(
+        cfg, params, processor, examples, batch_size, max_new_tokens, image_size
+    )
+    return scenes, examples, captions
+
+
 def evaluate_policy(
     cfg,
     params,
@@ -289,10 +302,8 @@ def evaluate_policy(
     """Returns `evaluate`'s "policy/*" (and, with policy_samples, "policy_sampled/*") metrics of
     params on scenes start..start+num_scenes-1 and "num_scenes", without the Generator and Judge
     passes: the Policy-only readout RL takes on its validation range (`rl.eval_every`)."""
-    scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}
-    examples = [r for s in scenes.values() for r in toyroles.scene_sft_records(s, seed, (1, 0, 0))]
-    captions = generate_texts(
-        cfg, params, processor, examples, batch_size, max_new_tokens, image_size
+    scenes, examples, captions = policy_captions(
+        cfg, params, processor, seed, start, num_scenes, batch_size, max_new_tokens, image_size
     )
     return {
         **policy_metrics(
