@@ -94,6 +94,10 @@ def get_config(arg=""):
     # True: the Generator's target lists its items in the order its reference caption names the
     # objects (toyroles.reference_ordered), not in the world's draw order, which no text shows.
     config.data.generator_reference_order = False
+    # Share of the Generator's SFT records shown another training scene's image (references,
+    # candidates and target their own; toyroles.with_other_images): the reference names every
+    # object, so such a record is right only by reading it, not by the Generator's perception.
+    config.data.generator_other_image = 0.0
     # ACE-Cap's evidence loop (docs/acecap.md): (Instruct, Composer) SFT records per scene
     # (mocojax/data/toyloop.py: exact answers, teacher transcripts); non-zero also appends the
     # loop prompts' words to the toy tokenizer. (0, 0): none.

@@ -713,6 +713,38 @@ def test_generator_reference_order_follows_the_reference_by_hand():
     assert changed > 10  # the draw order and the reference's differ in most scenes
 
 
+def test_generator_other_image_swaps_only_generator_images():
+    """generator_other_image: that share of Generator records shows another scene of the range
+    (named by image_scene_id); its references, candidates and target stay its own scene's, every
+    other record is unchanged, and 0 gives the records as before."""
+    options = dict(absent_shapes=True, count_items=True, attribute_items=False)
+    plain = toyroles.sft_records(4, 30, (1, 2, 1), **options)
+    assert toyroles.sft_records(4, 30, (1, 2, 1), generator_other_image=0.0, **options) == plain
+    scenes = {s.id: s for s in tw.make_scenes(4, 30)}
+    for share, low, high in ((1.0, 60, 60), (0.5, 18, 42)):
+        swapped = toyroles.sft_records(4, 30, (1, 2, 1), generator_other_image=share, **options)
+        assert swapped == toyroles.sft_records(
+            4, 30, (1, 2, 1), generator_other_image=share, **options
+        )  # deterministic
+        moved = 0
+        for a, b in zip(plain, swapped):
+            if a["role"] != "generator" or "image_scene_id" not in b:
+                assert a == b
+                continue
+            moved += 1
+            assert (
+                b["image_scene_id"] != b["scene_id"] and b["scene"] == scenes[b["image_scene_id"]]
+            )
+            assert a["scene"] == scenes[a["scene_id"]]
+            assert {**b, "scene": a["scene"], "image_scene_id": None} == {
+                **a,
+                "image_scene_id": None,
+            }
+        assert low <= moved <= high, moved
+    with pytest.raises(ValueError, match="at least 2 scenes"):
+        toyroles.sft_records(4, 1, (1, 1, 1), generator_other_image=0.5)
+
+
 def test_uncut_rubric_catches_every_flawed_candidate():
     for scene in tw.make_scenes(9, 150):
         candidates = [c["caption"] for c in tw.candidate_captions(scene, seed=9)]
@@ -825,6 +857,16 @@ def test_policy_drop_validated():
         config.data.attribute_items = "no"
     with pytest.raises(ValueError, match="data.attribute_items"):
         config_utils.validate(config, main.STAGES)
+    with config.ignore_type():
+        config.data.attribute_items = True
+    for bad in (1.5, -0.1, "half"):
+        with config.ignore_type():
+            config.data.generator_other_image = bad
+        with pytest.raises(ValueError, match="data.generator_other_image"):
+            config_utils.validate(config, main.STAGES)
+    with config.ignore_type():
+        config.data.generator_other_image = 0.5
+    config_utils.validate(config, main.STAGES)
 
 
 def test_per_item_judge_outputs_score_like_the_same_whole_rubric_outputs():

@@ -373,15 +373,48 @@ def scene_sft_records(
     return records
 
 
-def sft_records(seed, num_scenes, mix=(2, 1, 1), start=0, **options):
+def sft_records(seed, num_scenes, mix=(2, 1, 1), start=0, generator_other_image=0.0, **options):
     """Returns the SFT records of scenes start..start+num_scenes-1, grouped by scene (options:
     `scene_sft_records`' keywords: policy_drop, judge_repeats, judge_fragments, judge_recolours
-    and the rubric's)."""
-    return [
-        record
-        for scene in tw.make_scenes(seed, num_scenes, start)
-        for record in scene_sft_records(scene, seed, mix, **options)
+    and the rubric's; generator_other_image: `with_other_images`' share)."""
+    scenes = tw.make_scenes(seed, num_scenes, start)
+    records = [
+        record for scene in scenes for record in scene_sft_records(scene, seed, mix, **options)
     ]
+    if generator_other_image:
+        records = with_other_images(records, scenes, seed, generator_other_image)
+    return records
+
+
+def with_other_images(records, scenes, seed, share):
+    """Returns the records with about `share` of the Generator records showing another scene's
+    image (one of `scenes`, drawn per record; `image_scene_id` names it). Their references,
+    candidates and target stay their own scene's.
+
+    The toy world's reference names every object of its scene exactly, so the rubric is a
+    function of the reference and the candidates; the image adds nothing the reference lacks. A
+    Generator trained on the true image alone writes its presence items from its own perception
+    (it binds a colour to the wrong shape about as often as the Policy does; with another scene's
+    image 78% of them are false, with another scene's reference 56%: docs/results.md, session 23);
+    shown an image that does not match its text, it can only be right by reading the reference."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"generator_other_image must lie in [0, 1], got {share!r}")
+    if len(scenes) < 2:
+        raise ValueError(
+            f"generator_other_image={share} needs at least 2 scenes to draw another image from, "
+            f"got {len(scenes)}"
+        )
+    by_id = {scene.id: k for k, scene in enumerate(scenes)}
+    out = []
+    for record in records:
+        if record["role"] == "generator":
+            rng = np.random.default_rng([seed, 6, *map(ord, record["id"])])
+            if rng.random() < share:
+                own = by_id[record["scene_id"]]
+                other = scenes[(own + 1 + int(rng.integers(len(scenes) - 1))) % len(scenes)]
+                record = {**record, "scene": other, "image_scene_id": other.id}
+        out.append(record)
+    return out
 
 
 # `rubric_facts`'s design options and their defaults: each is a `config.data` key of that name.
