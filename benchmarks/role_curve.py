@@ -2,6 +2,7 @@
 
   python benchmarks/role_curve.py runs/lk2 runs/one_s2 --stage rl --steps 600      # from the repository root
   python benchmarks/role_curve.py runs/gen_s2 --role generator --stage sft
+  python benchmarks/role_curve.py runs/gen_s2 --role generator --stage sft --shown other-image
 
 For each run and each kept checkpoint of the stage (or the --steps given), the model of those
 weights is asked in one role on the validation range -- the scenes after the eval stage's held-out
@@ -16,7 +17,12 @@ world's exact truth:
   references, four weak candidates), read as the eval stage reads them
   (`toyworld_eval.generator_rubric_metrics`): the share of items true of the scene next to a
   rubric written for another scene, readable items per rubric, the share of written items that
-  repeat an earlier one (dropped, as RL drops them), unreadable items, rubrics equal to their target.
+  repeat an earlier one (dropped, as RL drops them), unreadable items, rubrics equal to their
+  target, and the presence items ("mentions a <colour> <shape>"): the share true, the share of
+  the false ones that put a colour of the scene on another of its shapes, how many are written
+  against how many the targets hold; `--shown other-image` / `other-references` show each prompt
+  the next scene's image / references (is an item kind read from the image or copied from the
+  text?), written to <role>_curve_<stage>_<shown>.json.
 
 Choices between runs (a KL weight, a warm-up schedule, a number of steps) are made on these rows,
 not on the eval stage's scenes that docs/results.md reports. Each run's config.json gives the
@@ -55,12 +61,35 @@ COLUMNS = {
         ("val/generator/repeated_item_rate", "repeated items"),
         ("val/generator/unreadable_items", "unreadable items"),
         ("val/generator/exact_target_rate", "rubric = target"),
+        ("val/generator/truth_present", "presence items true"),
+        ("val/generator/present_false_swapped", "false ones swapped"),
+        ("val/generator/items_present", "presence items written"),
+        ("val/generator/target_items_present", "in the targets"),
     ),
 }
 
 
-def generator_scorer(config, setup):
-    """Returns params -> "val/generator/*" of the Generator's rubrics on the validation range."""
+# --shown: what each Generator prompt shows besides its candidates; truth is always its own scene's
+SHOWN = ("own", "other-image", "other-references")
+
+
+def shown_examples(examples, shown):
+    """Returns the Generator examples as `shown` asks: "own" unchanged; "other-image" /
+    "other-references": example k shows example k+1's (cyclically) image / reference captions,
+    everything else (its scene_id, candidates, target) its own."""
+    key = {"other-image": "scene", "other-references": "references"}.get(shown)
+    if key is None:
+        return examples
+    return [{**e, key: n[key]} for e, n in zip(examples, examples[1:] + examples[:1])]
+
+
+def generator_scorer(config, setup, shown="own"):
+    """Returns params -> "val/generator/*" of the Generator's rubrics on the validation range.
+
+    shown "other-image" / "other-references": each prompt shows the next scene's image /
+    reference captions instead of its own (the rest its own), and its items are still read
+    against its own scene: a Generator that writes an item kind from the image loses that kind's
+    truth with another image, one that copies it from the references with other references."""
     start, num_scenes = rl_evals.validation_range(config)
     seed = config.data.seed
     scenes = {s.id: s for s in tw.make_scenes(seed, num_scenes, start)}
@@ -71,6 +100,7 @@ def generator_scorer(config, setup):
         for s in scenes.values()
         for r in toyroles.scene_sft_records(s, seed, (0, 1, 0), **options)
     ]
+    examples = shown_examples(examples, shown)
 
     def score(params):
         rubrics = toyworld_eval.generate_texts(
@@ -92,16 +122,17 @@ def generator_scorer(config, setup):
     return score
 
 
-def curve(workdir, stage, steps, num_scenes, role="policy", samples=0):
+def curve(workdir, stage, steps, num_scenes, role="policy", samples=0, shown="own"):
     """Returns [{"run", "step", "seconds", "val/...": ...}] for each step's checkpoint of workdir
-    (every kept one when steps is empty), the role's metrics (module docstring)."""
+    (every kept one when steps is empty), the role's metrics (module docstring; `shown`:
+    `generator_scorer`'s)."""
     with open(os.path.join(workdir, "config.json")) as f:  # written by mocojax.main
         config = ml_collections.ConfigDict(json.load(f))
     config.rl.val_scenes = num_scenes
     config.eval.policy_samples, config.eval.policy_temperature = samples, 1.0
     setup = config_utils.build_setup(config, workdir)
     if role == "generator":
-        score = generator_scorer(config, setup)
+        score = generator_scorer(config, setup, shown)
     else:
         score = lambda params: rl_evals.validation(  # noqa: E731
             config, setup.processor, params, setup.model_config
@@ -125,8 +156,9 @@ def markdown(rows, role="policy", header=True):
         lines.append("| run | step | " + " | ".join(name for _, name in columns) + " | scenes |")
         lines.append("|---" * (len(columns) + 3) + "|")
     for row in rows:
+        values = [row.get(key) for key, _ in columns]  # a kind never written has no reading
         cells = [
-            str(row[key]) if isinstance(row[key], int) else f"{row[key]:.3f}" for key, _ in columns
+            "--" if v is None else str(v) if isinstance(v, int) else f"{v:.3f}" for v in values
         ]
         lines.append(
             f"| {os.path.basename(os.path.normpath(row['run']))} | {row['step']} | "
@@ -151,7 +183,15 @@ def main(argv=None):
         default=0,
         help="policy: also this many sampled captions per scene (T 1)",
     )
+    parser.add_argument(
+        "--shown",
+        default="own",
+        choices=SHOWN,
+        help="generator: show each prompt the next scene's image or references (probe)",
+    )
     args = parser.parse_args(argv)
+    if args.shown != "own" and args.role != "generator":
+        parser.error(f"--shown {args.shown} probes the Generator: add --role generator")
     if args.scenes < 2 or args.samples < 0:
         parser.error(
             f"--scenes must be >= 2 (the other-scene baselines) and --samples >= 0, "
@@ -160,10 +200,11 @@ def main(argv=None):
     steps = [int(s) for s in args.steps.split(",")] if args.steps else []
     header = True
     for workdir in args.workdirs:
-        rows = curve(workdir, args.stage, steps, args.scenes, args.role, args.samples)
+        rows = curve(workdir, args.stage, steps, args.scenes, args.role, args.samples, args.shown)
         print(markdown(rows, args.role, header=header), flush=True)
         header = False
-        out = os.path.join(workdir, f"{args.role}_curve_{args.stage}.json")
+        probe = "" if args.shown == "own" else f"_{args.shown}"
+        out = os.path.join(workdir, f"{args.role}_curve_{args.stage}{probe}.json")
         with open(out, "w") as f:
             json.dump(rows, f, indent=1)
         print(f"wrote {out}", flush=True)

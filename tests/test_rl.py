@@ -16,6 +16,8 @@ import pytest
 import rl_patterns
 
 from mocojax import config_utils, losses, momentum
+from mocojax.data import toyroles, toyworld as tw
+from mocojax.eval import toyworld_eval
 from mocojax.train import rl, rl_config, rl_evals, rollout as rollout_lib
 
 CONFIGS = os.path.join(os.path.dirname(__file__), os.pardir, "configs")
@@ -285,6 +287,27 @@ def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatc
     assert row["step"] == 2 and row["val/num_scenes"] == 3 and row["example"]["target"]
     assert 0.0 <= row["val/generator/rubric_truth_other_scene"] < 1.0
     assert 0.0 <= row["val/generator/rubric_truth_rate"] <= 1.0
+    # the probe: each prompt shows the next scene's image (or references); truth is read on the
+    # prompt's own scene, so its targets stay exactly true
+    scenes = {s.id: s for s in tw.make_scenes(4, 3, start=50)}
+    examples = [r for s in scenes.values() for r in toyroles.scene_sft_records(s, 4, (0, 1, 0))]
+    for shown, key in (("other-image", "scene"), ("other-references", "references")):
+        probed = role_curve.shown_examples(examples, shown)
+        for k, (e, p) in enumerate(zip(examples, probed)):
+            assert p[key] == examples[(k + 1) % 3][key] and p["scene_id"] == e["scene_id"]
+            assert {n: v for n, v in p.items() if n != key} == {
+                n: v for n, v in e.items() if n != key
+            }
+        targets = [p["target"] for p in probed]
+        got = toyworld_eval.generator_rubric_metrics(scenes, probed, targets)
+        assert got["generator/rubric_truth_rate"] == 1.0
+    assert role_curve.shown_examples(examples, "own") == examples
+    role_curve.main(
+        [str(tmp_path), "--role", "generator", "--stage", "rl", "--steps", "2", "--scenes", "3"]
+        + ["--shown", "other-image"]
+    )
+    with open(tmp_path / "generator_curve_rl_other-image.json") as f:
+        assert json.load(f)[0]["val/num_scenes"] == 3
     # benchmarks/paired_gain.py: the checkpoint against itself (its trivial baseline) gains
     # exactly 0 on every scene, and its per-scene means are the run's own validation readout
     paired_gain = _benchmark("paired_gain")

@@ -660,6 +660,12 @@ def test_generator_rubric_metrics_by_hand():
     ]
     assert got["generator/rubric_truth_other_scene"] == pytest.approx(np.mean(other))
     assert np.mean(other) < 1.0
+    kinds = {k.split("/target_items_")[1] for k in got if "/target_items_" in k}
+    assert {"present", "absent_shape", "at_most"} <= kinds  # the targets' kinds, each written
+    for kind in kinds:
+        assert got[f"generator/truth_{kind}"] == 1.0
+        assert got[f"generator/items_{kind}"] == got[f"generator/target_items_{kind}"] > 0
+    assert got["generator/present_false_swapped"] == 0.0  # no false presence item
     lines = targets[0].splitlines()
     first = lines[0].split(" | ", 1)[1]  # its weight, criterion and rationale, under new ids
     doubled = "\n".join(lines + [f"{len(lines) + 1} | {first}", f"{len(lines) + 2} | {first}"])
@@ -667,6 +673,33 @@ def test_generator_rubric_metrics_by_hand():
     assert got["generator/repeated_item_rate"] == pytest.approx(2 / (len(lines) + 2))
     assert got["generator/exact_target_rate"] == 0.0 and got["generator/rubric_truth_rate"] == 1.0
     assert got["generator/items_per_rubric"] == len(lines)  # the repeats are dropped, as in RL
+
+
+def test_rubric_truth_by_kind_by_hand():
+    """Per kind, the items true of SCENE (a large red circle, a small blue square); of the false
+    presence items, a red square (a colour and a shape of the scene, on different objects) is a
+    swap, a green square and a red star are not."""
+    facts = [
+        toyroles.Fact("present", Mention("square", "blue")),  # true
+        toyroles.Fact("present", Mention("square", "red")),  # false: swapped
+        toyroles.Fact("present", Mention("square", "green")),  # false: no green object
+        toyroles.Fact("present", Mention("star", "red")),  # false: no star
+        toyroles.Fact("absent", Mention("star")),  # true (absent_shape)
+        toyroles.Fact("absent", Mention("circle")),  # false (absent_shape)
+        toyroles.Fact("absent", Mention("circle", "blue")),  # true (a pair absent item)
+        toyroles.Fact("background", value="white"),  # true
+    ]
+    items = [toyroles.item_of(f) for f in facts] + [roles.RubricItem("is pretty", "-", 1.0)]
+    by_kind, swapped = toyroles.rubric_truth_by_kind(SCENE, items)
+    assert by_kind == {
+        "present": [1, 4],
+        "absent_shape": [1, 2],
+        "absent": [1, 1],
+        "background": [1, 1],
+        "unreadable": [0, 1],
+    }
+    assert swapped == 1
+    assert toyroles.rubric_truth_rate(SCENE, items) == (4 / 9, 1)  # the pooled reading agrees
 
 
 def test_generator_reference_order_follows_the_reference_by_hand():

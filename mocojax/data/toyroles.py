@@ -60,6 +60,7 @@ from mocojax.data.toyroles_facts import (  # noqa: F401
     parse_criterion,
     pooled_confusion,
     report_kind,
+    rubric_truth_by_kind,
     rubric_truth_rate,
 )
 

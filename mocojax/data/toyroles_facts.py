@@ -261,6 +261,24 @@ def rubric_truth_rate(scene, rubric_items):
     return true / len(facts), sum(f is None for f in facts)
 
 
+def rubric_truth_by_kind(scene, rubric_items):
+    """Returns ({`report_kind` or "unreadable": [items true of the scene, items]}, swapped) of one
+    rubric: swapped counts the false "mentions a <colour> <shape>" items whose colour and shape the
+    scene both has, on different objects (a binding error: the objects seen, a colour put on the
+    wrong one), against those that name a colour or a shape the scene lacks."""
+    by_kind, swapped = {}, 0
+    colours, shapes = {o.colour for o in scene.objects}, {o.shape for o in scene.objects}
+    for item in rubric_items:
+        fact = parse_criterion(item.criterion)
+        true = fact is not None and fact_is_true(scene, fact)
+        counts = by_kind.setdefault("unreadable" if fact is None else report_kind(fact), [0, 0])
+        counts[0] += true
+        counts[1] += 1
+        if fact is not None and fact.kind == "present" and not true and fact.referent.colour:
+            swapped += fact.referent.shape in shapes and fact.referent.colour in colours
+    return by_kind, swapped
+
+
 def judge_accuracy(rubric_items, caption, decisions):
     """Returns (fraction of readable items the Judge decided right, number of unreadable items)."""
     mentions, background = tw.parse_caption(caption)

@@ -11,6 +11,8 @@ reference caption), `generator/rubric_truth_other_scene` (another scene's rubric
 Prompts are exactly the SFT records' prompts (`toyroles.scene_sft_records`) without targets.
 """
 
+import collections
+
 import numpy as np
 
 from mocojax import distributed, roles, sampling
@@ -247,12 +249,25 @@ def generator_rubric_metrics(scenes, generator_examples, rubrics):
     (the next example's target, read on this one); readable items per rubric (a repeated criterion dropped,
     as `roles.parse_rubric` drops it for RL); unreadable items; the share of written items that
     repeat an earlier criterion of the same rubric (they check nothing new);
-    the share of rubrics equal to their target."""
+    the share of rubrics equal to their target. Per item kind (`toyroles.report_kind`): the share
+    of written items true of the scene (`truth_<kind>`), the items written (`items_<kind>`) and
+    the items the targets hold (`target_items_<kind>`: a kind written less often than its target
+    holds it is a kind the Generator skips); `present_false_swapped`: of the false presence items,
+    the share whose colour and shape the scene both has on different objects (a binding error)."""
     truth, other, counts, repeated, unreadable, exact = [], [], [], [], 0, 0
+    by_kind, target_kinds, swapped = {}, collections.Counter(), 0
     for k, (e, text) in enumerate(zip(generator_examples, rubrics)):
         items, problems = roles.parse_rubric(text)  # a repeated criterion is dropped, as in RL
         rate, bad = toyroles.rubric_truth_rate(scenes[e["scene_id"]], items)
         truth.append(rate)
+        kinds, swaps = toyroles.rubric_truth_by_kind(scenes[e["scene_id"]], items)
+        for kind, (true, total) in kinds.items():
+            tally = by_kind.setdefault(kind, [0, 0])
+            tally[0], tally[1] = tally[0] + true, tally[1] + total
+        swapped += swaps
+        for item in roles.parse_rubric(e["target"])[0]:
+            fact = toyroles.parse_criterion(item.criterion)
+            target_kinds["unreadable" if fact is None else toyroles.report_kind(fact)] += 1
         unreadable += bad
         counts.append(len(items))
         dropped = sum(roles.DUPLICATE_CRITERION in p for p in problems)
@@ -262,6 +277,8 @@ def generator_rubric_metrics(scenes, generator_examples, rubrics):
             generator_examples[(k + 1) % len(generator_examples)]["target"]
         )
         other.append(toyroles.rubric_truth_rate(scenes[e["scene_id"]], other_items)[0])
+    true_present, total_present = by_kind.get("present", (0, 0))
+    false_present = total_present - true_present
     return {
         "generator/rubric_truth_rate": float(np.mean(truth)),
         "generator/rubric_truth_other_scene": float(np.mean(other)),
@@ -269,6 +286,10 @@ def generator_rubric_metrics(scenes, generator_examples, rubrics):
         "generator/repeated_item_rate": float(np.mean(repeated)),
         "generator/unreadable_items": int(unreadable),
         "generator/exact_target_rate": exact / max(len(generator_examples), 1),
+        **{f"generator/truth_{k}": true / total for k, (true, total) in sorted(by_kind.items())},
+        **{f"generator/items_{k}": total for k, (_, total) in sorted(by_kind.items())},
+        **{f"generator/target_items_{k}": n for k, n in sorted(target_kinds.items())},
+        "generator/present_false_swapped": swapped / false_present if false_present else 0.0,
     }
 
 
