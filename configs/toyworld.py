@@ -98,6 +98,10 @@ def get_config(arg=""):
     # candidates and target their own; toyroles.with_other_images): the reference names every
     # object, so such a record is right only by reading it, not by the Generator's perception.
     config.data.generator_other_image = 0.0
+    # Chance that a weak caption's wrong colour (the Generator's candidates, the Judge's captions)
+    # is another object's colour of the scene: 23% of them are by chance, 97% of the wrong colours
+    # RL's Policy writes are (docs/results.md, session 24).
+    config.data.weak_swap_colours = 0.0
     # ACE-Cap's evidence loop (docs/acecap.md): (Instruct, Composer) SFT records per scene
     # (mocojax/data/toyloop.py: exact answers, teacher transcripts); non-zero also appends the
     # loop prompts' words to the toy tokenizer. (0, 0): none.

@@ -256,19 +256,23 @@ def validate(config, stages):
     ):
         if key in config.data:
             _check(config, f"data.{key}", lambda v: isinstance(v, bool), "must be True or False")
-    if "generator_other_image" in config.data:
-        _check(
-            config,
-            "data.generator_other_image",
-            lambda v: (
-                isinstance(v, (int, float))
-                and not isinstance(v, bool)
-                and 0.0 <= v <= 1.0
-                and (v == 0 or config.data.source == "toyworld")
-            ),
-            "must be a share in [0, 1] (of the Generator's SFT records shown another scene's "
-            "image); non-zero for data.source='toyworld' only",
-        )
+    shares = {
+        "generator_other_image": "of the Generator's SFT records shown another scene's image",
+        "weak_swap_colours": "of the weak captions' wrong colours taken from another object",
+    }
+    for key, what in shares.items():
+        if key in config.data:
+            _check(
+                config,
+                f"data.{key}",
+                lambda v: (
+                    isinstance(v, (int, float))
+                    and not isinstance(v, bool)
+                    and 0.0 <= v <= 1.0
+                    and (v == 0 or config.data.source == "toyworld")
+                ),
+                f"must be a share in [0, 1] ({what}); non-zero for data.source='toyworld' only",
+            )
     if config.data.get("unbound_items", False):
         _check(
             config,
@@ -678,6 +682,7 @@ def sft_examples(config, processor=None):
             judge_recolours=data.get("judge_recolours", False),
             generator_reference_order=data.get("generator_reference_order", False),
             generator_other_image=data.get("generator_other_image", 0.0),
+            weak_swap_colours=data.get("weak_swap_colours", 0.0),
             **toyroles.rubric_options(data),
         )
         train = toyroles.sft_records(data.seed, data.num_train_scenes, tuple(data.mix), **options)

@@ -778,6 +778,49 @@ def test_generator_other_image_swaps_only_generator_images():
         toyroles.sft_records(4, 1, (1, 1, 1), generator_other_image=0.5)
 
 
+def test_weak_swap_colours_by_hand():
+    """A wrong colour at swap_colours=1 is the other object's (SCENE: a red circle, a blue
+    square); at 0 it may be any colour the shape lacks. Over Generator candidates of 30 scenes,
+    weak_swap_colours=1 makes nearly every wrong colour a swap (0: about a quarter), changes
+    nothing else of the records' form, and 0 gives the records as before."""
+    import numpy as np
+
+    mentions = [tw.Mention(o.shape, o.colour, o.size, o.position) for o in SCENE.objects]
+    for k in range(20):
+        rng = np.random.default_rng(k)
+        (circle, square), _ = tw._apply_error(SCENE, mentions, "white", "wrong_colour", rng, 1.0)
+        assert (circle.colour, square.colour) in {("blue", "blue"), ("red", "red")}
+    seen = {
+        tw._apply_error(SCENE, mentions, "white", "wrong_colour", np.random.default_rng(k))[0][
+            0
+        ].colour
+        for k in range(40)
+    }
+    assert len(seen) > 2  # any colour the circle lacks
+
+    def swap_share(swap_colours):  # over the captions written from the scene itself
+        wrong = swapped = 0
+        for scene in tw.make_scenes(4, 100):
+            colours, shapes = {o.colour for o in scene.objects}, {o.shape for o in scene.objects}
+            pairs = {(o.shape, o.colour) for o in scene.objects}
+            for c in tw.weak_captions(scene, 4, 4, swap_colours=swap_colours):
+                if c["kind"] == "blind" or len(colours) < 2:  # another scene's / no swap exists
+                    continue
+                for m in tw.parse_caption(c["caption"])[0]:
+                    if m.colour and m.shape in shapes and (m.shape, m.colour) not in pairs:
+                        wrong, swapped = wrong + 1, swapped + (m.colour in colours)
+        return swapped / wrong
+
+    assert swap_share(0.0) < 0.4 and swap_share(1.0) > 0.9
+    options = dict(absent_shapes=True, count_items=True, attribute_items=False)
+    plain = toyroles.sft_records(4, 30, (1, 2, 1), **options)
+    assert toyroles.sft_records(4, 30, (1, 2, 1), weak_swap_colours=0.0, **options) == plain
+    swaps = toyroles.sft_records(4, 30, (1, 2, 1), weak_swap_colours=1.0, **options)
+    assert [(r["id"], r["role"]) for r in swaps] == [(r["id"], r["role"]) for r in plain]
+    changed = [a["id"] for a, b in zip(plain, swaps) if a != b]
+    assert changed and all(a == b for a, b in zip(plain, swaps) if a["role"] == "policy")
+
+
 def test_uncut_rubric_catches_every_flawed_candidate():
     for scene in tw.make_scenes(9, 150):
         candidates = [c["caption"] for c in tw.candidate_captions(scene, seed=9)]
@@ -899,6 +942,14 @@ def test_policy_drop_validated():
             config_utils.validate(config, main.STAGES)
     with config.ignore_type():
         config.data.generator_other_image = 0.5
+    config_utils.validate(config, main.STAGES)
+    for bad in (2, -1.0, "all"):
+        with config.ignore_type():
+            config.data.weak_swap_colours = bad
+        with pytest.raises(ValueError, match="data.weak_swap_colours"):
+            config_utils.validate(config, main.STAGES)
+    with config.ignore_type():
+        config.data.weak_swap_colours = 1.0
     config_utils.validate(config, main.STAGES)
 
 

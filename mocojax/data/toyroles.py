@@ -259,6 +259,7 @@ def scene_sft_records(
     judge_fragments=False,
     judge_recolours=False,
     generator_reference_order=False,
+    weak_swap_colours=0.0,
     **rubric,
 ):
     """Returns the SFT records of one scene: mix = (policy, generator, judge) record counts.
@@ -282,6 +283,9 @@ def scene_sft_records(
     generator_reference_order: the Generator's target lists its count and presence items in the
     order its reference names the objects (`reference_ordered`), not the world's hidden draw
     order; the same items, so the Judge's records and RL's reward do not change.
+    weak_swap_colours: the chance that a wrong colour in a weak caption (the Generator's candidates
+    and the Judge's captions) is another object's colour of the scene (`toyworld.weak_captions`'
+    swap_colours), as RL's samples' wrong colours nearly always are.
     rubric: `rubric_facts`'s options (`only_item`, `attribute_items`, `absent_shapes`; the keys
     of RUBRIC_DEFAULTS), as `rubric_options(config.data)` gives them.
 
@@ -308,7 +312,9 @@ def scene_sft_records(
     judged_rubric = shown = None
     written = reference_ordered(scene, references[0]) if generator_reference_order else scene
     for g in range(max(1, num_generator)):
-        subset = tw.weak_captions(scene, seed, num_candidates, salt=g)
+        subset = tw.weak_captions(
+            scene, seed, num_candidates, salt=g, swap_colours=weak_swap_colours
+        )
         captions = [c["caption"] for c in subset]
         items = [
             item_of(f)
@@ -333,7 +339,9 @@ def scene_sft_records(
                     "target": roles.format_rubric(items),
                 }
             )
-    unseen = tw.weak_captions(scene, seed, num_candidates, salt=1000)
+    unseen = tw.weak_captions(
+        scene, seed, num_candidates, salt=1000, swap_colours=weak_swap_colours
+    )
     repeats = tw.repeat_captions(scene, seed, 2, salt=2000) if judge_repeats else []
     fragments = tw.fragment_captions(scene, seed, 2, salt=3000) if judge_fragments else []
     recolours = tw.recolour_captions(scene, seed, 2, salt=4000) if judge_recolours else []
