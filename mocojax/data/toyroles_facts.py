@@ -256,9 +256,9 @@ def rubric_truth_rate(scene, rubric_items):
     """
     if not rubric_items:
         return 0.0, 0
-    facts = [parse_criterion(item.criterion) for item in rubric_items]
-    true = sum(f is not None and fact_is_true(scene, f) for f in facts)
-    return true / len(facts), sum(f is None for f in facts)
+    by_kind, _ = rubric_truth_by_kind(scene, rubric_items)
+    true = sum(t for t, _ in by_kind.values())
+    return true / len(rubric_items), by_kind.get("unreadable", [0, 0])[1]
 
 
 def rubric_truth_by_kind(scene, rubric_items):

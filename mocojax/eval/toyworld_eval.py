@@ -256,26 +256,25 @@ def generator_rubric_metrics(scenes, generator_examples, rubrics):
     the share whose colour and shape the scene both has on different objects (a binding error)."""
     truth, other, counts, repeated, unreadable, exact = [], [], [], [], 0, 0
     by_kind, target_kinds, swapped = {}, collections.Counter(), 0
+    targets = [roles.parse_rubric(e["target"])[0] for e in generator_examples]
     for k, (e, text) in enumerate(zip(generator_examples, rubrics)):
         items, problems = roles.parse_rubric(text)  # a repeated criterion is dropped, as in RL
-        rate, bad = toyroles.rubric_truth_rate(scenes[e["scene_id"]], items)
-        truth.append(rate)
         kinds, swaps = toyroles.rubric_truth_by_kind(scenes[e["scene_id"]], items)
+        true = sum(t for t, _ in kinds.values())
+        truth.append(true / len(items) if items else 0.0)  # as toyroles.rubric_truth_rate
+        unreadable += kinds.get("unreadable", [0, 0])[1]
         for kind, (true, total) in kinds.items():
             tally = by_kind.setdefault(kind, [0, 0])
             tally[0], tally[1] = tally[0] + true, tally[1] + total
         swapped += swaps
-        for item in roles.parse_rubric(e["target"])[0]:
+        for item in targets[k]:
             fact = toyroles.parse_criterion(item.criterion)
             target_kinds["unreadable" if fact is None else toyroles.report_kind(fact)] += 1
-        unreadable += bad
         counts.append(len(items))
         dropped = sum(roles.DUPLICATE_CRITERION in p for p in problems)
         repeated.append(dropped / (len(items) + dropped) if items or dropped else 0.0)
         exact += text.strip() == e["target"].strip()
-        other_items, _ = roles.parse_rubric(
-            generator_examples[(k + 1) % len(generator_examples)]["target"]
-        )
+        other_items = targets[(k + 1) % len(targets)]
         other.append(toyroles.rubric_truth_rate(scenes[e["scene_id"]], other_items)[0])
     true_present, total_present = by_kind.get("present", (0, 0))
     false_present = total_present - true_present
