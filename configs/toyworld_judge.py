@@ -53,6 +53,11 @@ target: hallucinations -59% / -66%, words -15% / -2%), from this schedule on see
 seeds 1-3 (SFT 0.558 / 0.568 / 0.542; seed 3 meets the target, hallucinations -51%, words +5%);
 on the validation range (`benchmarks/role_curve.py`) this warm-up's RL Policies beat the
 one-cosine ones (mean F1 0.597 against 0.581) and beta 0.1 ties 0.05, so neither changed.
+Session 25: RL at `rl.lr=1e-4` (now the default; it was 2e-4) from those role-SFT checkpoints,
+chosen on the validation range (+0.073 / +0.057 / +0.114 on seeds 1-3 against +0.032 / +0.058 /
++0.092); on the eval scenes +0.044 / +0.036 / +0.079 (against +0.013 / +0.033 / +0.056),
+hallucinations 0.40 -> 0.32 / 0.35 -> 0.36 / 0.41 -> 0.28, words +5% / +10% / +11%, positions
+right 0.28 -> 0.25 (0.15 at 2e-4). Seed 3 meets the RL target, seeds 1-2 miss it by 0.006 / 0.014.
 """
 
 from configs import toyworld
@@ -75,6 +80,9 @@ def get_config(arg=""):
     config.sft.init_stage = "warmup"
     config.rl.generator = "exact"
     config.rl.kl_beta = 0.05  # GRPO's k3 KL to the role-SFT Policy (Shao et al. 2024; session 20)
+    # half the toy RL lr (session 25: chosen on the validation range, seeds 1-3: mean gain +0.081
+    # against +0.061 at 2e-4; positions decay less)
+    config.rl.lr = 1e-4
     config.eval.stage = "sft,rl"
     if arg != "tiny":
         config.warmup.num_steps = 3000
