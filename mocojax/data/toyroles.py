@@ -62,6 +62,7 @@ from mocojax.data.toyroles_facts import (  # noqa: F401
     report_kind,
     rubric_truth_by_kind,
     rubric_truth_rate,
+    truth_rate_of_kinds,
 )
 
 SPECIAL_TOKENS = (

@@ -254,11 +254,15 @@ def rubric_truth_rate(scene, rubric_items):
 
     Items the world's language cannot read count as not true: the Judge could not check them.
     """
-    if not rubric_items:
-        return 0.0, 0
-    by_kind, _ = rubric_truth_by_kind(scene, rubric_items)
+    return truth_rate_of_kinds(rubric_truth_by_kind(scene, rubric_items)[0])
+
+
+def truth_rate_of_kinds(by_kind):
+    """Returns `rubric_truth_rate`'s (fraction true, number unreadable) from the first output of
+    `rubric_truth_by_kind`; (0.0, 0) for an empty rubric."""
     true = sum(t for t, _ in by_kind.values())
-    return true / len(rubric_items), by_kind.get("unreadable", [0, 0])[1]
+    total = sum(n for _, n in by_kind.values())
+    return (true / total if total else 0.0), by_kind.get("unreadable", [0, 0])[1]
 
 
 def rubric_truth_by_kind(scene, rubric_items):

@@ -260,9 +260,9 @@ def generator_rubric_metrics(scenes, generator_examples, rubrics):
     for k, (e, text) in enumerate(zip(generator_examples, rubrics)):
         items, problems = roles.parse_rubric(text)  # a repeated criterion is dropped, as in RL
         kinds, swaps = toyroles.rubric_truth_by_kind(scenes[e["scene_id"]], items)
-        true = sum(t for t, _ in kinds.values())
-        truth.append(true / len(items) if items else 0.0)  # as toyroles.rubric_truth_rate
-        unreadable += kinds.get("unreadable", [0, 0])[1]
+        rate, bad = toyroles.truth_rate_of_kinds(kinds)
+        truth.append(rate)
+        unreadable += bad
         for kind, (true, total) in kinds.items():
             tally = by_kind.setdefault(kind, [0, 0])
             tally[0], tally[1] = tally[0] + true, tally[1] + total
