@@ -6,8 +6,11 @@ Per workdir, one markdown row of the held-out evals (eval_sft_*.json, eval_rl_*.
 its image-blind baseline, the sampled captions' F1 where the eval drew them, hallucinations, words, the Judge within kinds and on recoloured
 presence items, the gain), then the means over RL's first and last 20 updates of the logged
 truth metrics (metrics.jsonl: sample F1, hallucinations, words, within-group r, zero-variance
-groups, the Judge's accuracy and its pass rate on recoloured presence items). This is how the
-tables of docs/results.md are read off a run; it reads files only.
+groups, the Judge's accuracy and its pass rate on recoloured presence items), then, where RL
+logged the validation readout (`rl.eval_every > 0`: `val/*`, the scenes after the eval
+stage's), its F1, hallucinations and words at each logged update with the gain over update 0
+(the role-SFT Policy). This is how the tables of docs/results.md are read off a run; it reads
+files only.
 """
 
 import argparse
@@ -49,11 +52,31 @@ def latest_eval(workdir, stage):
         return json.load(f)
 
 
-def rl_rows(workdir):
-    """Returns the RL stage's per-update rows of metrics.jsonl (step > 0)."""
+def _rl_by_update(workdir):
+    """Returns {update: row} of the RL stage's rows of metrics.jsonl in update order; a resumed
+    run re-logs the updates after its last checkpoint, and the later row of an update is kept."""
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    return [r for r in rows if r.get("stage") == "rl" and r.get("step", 0) > 0]
+    by_update = {r.get("step", 0): r for r in rows if r.get("stage") == "rl"}
+    return {step: by_update[step] for step in sorted(by_update)}
+
+
+def rl_rows(workdir):
+    """Returns the RL stage's per-update rows of metrics.jsonl (step > 0), one per update."""
+    return [r for step, r in _rl_by_update(workdir).items() if step > 0]
+
+
+VAL_KEYS = ("val/policy/f1", "val/policy/hallucinated_per_caption", "val/policy/caption_words")
+
+
+def validation_curve(workdir):
+    """Returns [(update, f1, hallucinated per caption, words)] of the RL stage's validation
+    readouts in metrics.jsonl (update 0: the Policy RL started from), in update order."""
+    return [
+        (step, *(r.get(key) for key in VAL_KEYS))
+        for step, r in _rl_by_update(workdir).items()
+        if r.get(VAL_KEYS[0]) is not None
+    ]
 
 
 def first_last(rows, key, n=20):
@@ -144,6 +167,23 @@ def main(argv=None):
                 f"| {workdir} | rl_samples.jsonl | Judge passes recoloured presence items, "
                 f"first / last 100 updates: {samples[0]:.2f} -> {samples[1]:.2f} |"
             )
+    curves = {
+        w: validation_curve(w)
+        for w in args.workdirs
+        if os.path.exists(os.path.join(w, "metrics.jsonl"))
+    }
+    if any(curves.values()):
+        print()
+        print("| run | update | val F1 | val F1 - update 0 | val halluc. | val words |")
+        print("|---|---|---|---|---|---|")
+        for workdir, curve in curves.items():
+            for step, f1, halluc, words in curve:
+                gain = f"{f1 - curve[0][1]:+.3f}" if curve[0][0] == 0 else "—"
+                print(
+                    f"| {workdir} | {step} | {f1:.3f} | {gain} | {_fmt(halluc)} | "
+                    + ("—" if words is None else f"{words:.1f}")
+                    + " |"
+                )
 
 
 if __name__ == "__main__":

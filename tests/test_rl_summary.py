@@ -1,5 +1,5 @@
-"""benchmarks/rl_summary.py on a hand-made workdir: the eval rows, the gain, first/last-20 means
-and the recoloured pass rate read from rl_samples.jsonl."""
+"""benchmarks/rl_summary.py on a hand-made workdir: the eval rows, the gain, first/last-20 means,
+the recoloured pass rate read from rl_samples.jsonl and the validation readout per update."""
 
 import importlib.util
 import json
@@ -27,7 +27,17 @@ def test_rl_summary_reads_a_runs_files_by_hand(tmp_path, capsys):
         f.write(json.dumps({"stage": "sft", "step": 800, "true/caption_f1": 9.0}) + "\n")
         for step in range(41):  # step 0 (the gate) is not an update
             f1 = 0.2 if step <= 20 else 0.8
-            f.write(json.dumps({"stage": "rl", "step": step, "true/caption_f1": f1}) + "\n")
+            row = {"stage": "rl", "step": step, "true/caption_f1": f1}
+            if step % 20 == 0:  # the validation readout (rl.eval_every=20), update 0 included
+                row["val/policy/f1"] = 0.5 + step / 100
+                row["val/policy/caption_words"] = 20.0
+            f.write(json.dumps(row) + "\n")
+        # resumed from update 19: update 20 is logged again
+        # (a resumed run re-logs the updates after its checkpoint; counted once, the later kept)
+        f.write(
+            json.dumps({"stage": "rl", "step": 20, "true/caption_f1": 0.2, "val/policy/f1": 0.75})
+            + "\n"
+        )
     rubric = [{"criterion": "mentions a red circle", "check": "named", "weight": 3.0}]
     samples = [
         # a blue circle named: the red circle's item is recoloured; passed, then failed
@@ -44,3 +54,6 @@ def test_rl_summary_reads_a_runs_files_by_hand(tmp_path, capsys):
     assert "F1 +0.100, words -25%, sampled F1 +0.150" in out
     assert f"| {tmp_path} | 40 | 0.20 -> 0.80 |" in out  # 40 updates; first 20 / last 20
     assert "first / last 100 updates: 1.00 -> 0.00" in out
+    assert f"| {tmp_path} | 0 | 0.500 | +0.000 | — | 20.0 |" in out
+    assert f"| {tmp_path} | 20 | 0.750 | +0.250 | — | — |" in out
+    assert f"| {tmp_path} | 40 | 0.900 | +0.400 | — | 20.0 |" in out
