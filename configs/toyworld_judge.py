@@ -58,6 +58,11 @@ chosen on the validation range (+0.073 / +0.057 / +0.114 on seeds 1-3 against +0
 +0.092); on the eval scenes +0.044 / +0.036 / +0.079 (against +0.013 / +0.033 / +0.056),
 hallucinations 0.40 -> 0.32 / 0.35 -> 0.36 / 0.41 -> 0.28, words +5% / +10% / +11%, positions
 right 0.28 -> 0.25 (0.15 at 2e-4). Seed 3 meets the RL target, seeds 1-2 miss it by 0.006 / 0.014.
+Session 26, this config as shipped in one command per seed on a fresh machine (which did not
+reproduce session 21's checkpoints bitwise): +0.061 / +0.061 on seeds 1-2 (hallucinations
+0.41 -> 0.34 / 0.52 -> 0.50, words +3% / +9%; zero-variance groups 12% / 23% at the end); ~80 min
+per seed with another run beside it (warm-up 44, SFT 7, RL 25). 1,000 RL updates were not better
+on the validation range (+0.083 / +0.037 against +0.062 / +0.044), so it keeps 600.
 """
 
 from configs import toyworld
