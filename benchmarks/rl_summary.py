@@ -52,29 +52,23 @@ def latest_eval(workdir, stage):
         return json.load(f)
 
 
-def _rl_by_update(workdir):
-    """Returns {update: row} of the RL stage's rows of metrics.jsonl in update order; a resumed
-    run re-logs the updates after its last checkpoint, and the later row of an update is kept."""
+def rl_rows(workdir):
+    """Returns the RL stage's rows of metrics.jsonl, update 0 (the gate and the starting Policy's
+    readout) included: one per update, as metrics.MetricWriter drops a resumed run's replayed rows."""
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    by_update = {r.get("step", 0): r for r in rows if r.get("stage") == "rl"}
-    return {step: by_update[step] for step in sorted(by_update)}
-
-
-def rl_rows(workdir):
-    """Returns the RL stage's per-update rows of metrics.jsonl (step > 0), one per update."""
-    return [r for step, r in _rl_by_update(workdir).items() if step > 0]
+    return [r for r in rows if r.get("stage") == "rl"]
 
 
 VAL_KEYS = ("val/policy/f1", "val/policy/hallucinated_per_caption", "val/policy/caption_words")
 
 
-def validation_curve(workdir):
-    """Returns [(update, f1, hallucinated per caption, words)] of the RL stage's validation
-    readouts in metrics.jsonl (update 0: the Policy RL started from), in update order."""
+def validation_curve(rows):
+    """Returns [(update, f1, hallucinated per caption, words)] of the validation readouts among
+    the RL rows (update 0: the Policy RL started from)."""
     return [
-        (step, *(r.get(key) for key in VAL_KEYS))
-        for step, r in _rl_by_update(workdir).items()
+        (r.get("step", 0), *(r.get(key) for key in VAL_KEYS))
+        for r in rows
         if r.get(VAL_KEYS[0]) is not None
     ]
 
@@ -149,6 +143,7 @@ def main(argv=None):
                 line += f", sampled F1 {sampled:+.3f}"
             print(f"| {workdir} | RL - SFT | {line} |")
     print()
+    curves = {}  # workdir -> its validation curve
     print("| run | RL updates | " + " | ".join(label for _, label in RL_KEYS) + " |")
     print("|---|---|" + "---|" * len(RL_KEYS))
     for workdir in args.workdirs:
@@ -156,6 +151,8 @@ def main(argv=None):
             print(f"{workdir}: no metrics.jsonl", file=sys.stderr)
             continue
         rows = rl_rows(workdir)
+        curves[workdir] = validation_curve(rows)
+        rows = [r for r in rows if r.get("step", 0) > 0]  # the updates
         cells = []
         for key, _ in RL_KEYS:
             pair = first_last(rows, key)
@@ -167,11 +164,6 @@ def main(argv=None):
                 f"| {workdir} | rl_samples.jsonl | Judge passes recoloured presence items, "
                 f"first / last 100 updates: {samples[0]:.2f} -> {samples[1]:.2f} |"
             )
-    curves = {
-        w: validation_curve(w)
-        for w in args.workdirs
-        if os.path.exists(os.path.join(w, "metrics.jsonl"))
-    }
     if any(curves.values()):
         print()
         print("| run | update | val F1 | val F1 - update 0 | val halluc. | val words |")
