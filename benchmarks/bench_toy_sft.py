@@ -72,8 +72,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--scenes", type=int, default=400)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {list(VARIANTS)}"
+    )
     args = parser.parse_args(argv)
+    unknown = [name for name in args.variants.split(",") if name not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; known: {list(VARIANTS)}")
     config, setup, train = toy_setup(args.scenes)
     cfg, params = setup.model_config, setup.load_params()
     batches = [b for b, _ in host_batches(config, setup, train, args.batches)]
