@@ -132,9 +132,11 @@ def main(argv=None):
         f"batch: {batch['input_ids'].shape} ({tokens} real tokens), {batch['image_grid_thw'].shape[0]} images"
     )
     print("| size | params | mocojax tok/s | PyTorch tok/s | ratio |\n|---|---|---|---|---|")
+    # the toy tokenizer's size, rounded up to 64 as main does
+    vocab_size = -(-len(processor.tokenizer) // 64) * 64
     for size in args.sizes.split(","):
         cfg = model.tiny(
-            vocab_size=576,
+            vocab_size=vocab_size,
             image_token_id=processor.image_token_id,
             video_token_id=processor.video_token_id,
             vision_start_token_id=processor.vision_start_token_id,
