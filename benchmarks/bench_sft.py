@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration  # noqa: E402
 
-from mocojax import model, processing  # noqa: E402
+from mocojax import config_utils, model, processing  # noqa: E402
 from mocojax.data import pipeline, toyroles  # noqa: E402
 from mocojax.train import (
     sft,  # noqa: E402
@@ -132,8 +132,7 @@ def main(argv=None):
         f"batch: {batch['input_ids'].shape} ({tokens} real tokens), {batch['image_grid_thw'].shape[0]} images"
     )
     print("| size | params | mocojax tok/s | PyTorch tok/s | ratio |\n|---|---|---|---|---|")
-    # the toy tokenizer's size, rounded up to 64 as main does
-    vocab_size = -(-len(processor.tokenizer) // 64) * 64
+    vocab_size = config_utils.vocab_size_for(processor.tokenizer)
     for size in args.sizes.split(","):
         cfg = model.tiny(
             vocab_size=vocab_size,

@@ -541,6 +541,11 @@ def _round_up(n, multiple):
     return -(-n // multiple) * multiple
 
 
+def vocab_size_for(tokenizer) -> int:
+    """Returns the vocabulary size of a model built for the tokenizer: its size rounded up to 64."""
+    return _round_up(len(tokenizer), 64)
+
+
 def _learned_roles(config):
     """Returns the roles a model learns or plays in the config's stages (toy-world role data):
     role SFT records in data.mix, or an RL rubric role that is not the exact one."""
@@ -643,7 +648,7 @@ def build_setup(config, workdir):
             )[1]
     else:
         cfg = model.tiny(
-            vocab_size=_round_up(len(tokenizer), 64),
+            vocab_size=vocab_size_for(tokenizer),
             image_token_id=processor.image_token_id,
             video_token_id=processor.video_token_id,
             vision_start_token_id=processor.vision_start_token_id,
