@@ -6,7 +6,9 @@ Per workdir, one markdown row of the held-out evals (eval_sft_*.json, eval_rl_*.
 its image-blind baseline, the sampled captions' F1 where the eval drew them, hallucinations, words, the Judge within kinds and on recoloured
 presence items, the gain), then the means over RL's first and last 20 updates of the logged
 truth metrics (metrics.jsonl: sample F1, hallucinations, words, within-group r, zero-variance
-groups, the Judge's accuracy and its pass rate on recoloured presence items), then, where RL
+groups, the Judge's accuracy and its pass rate on recoloured presence items), the last 100
+updates' zero-variance groups split into rubric-limited and Judge-caused (rl_samples.jsonl's
+logged groups), then, where RL
 logged the validation readout (`rl.eval_every > 0`: `val/*`, the scenes after the eval
 stage's), its F1, hallucinations and words at each logged update with the gain over update 0
 (the role-SFT Policy). This is how the tables of docs/results.md are read off a run; it reads
@@ -37,6 +39,7 @@ RL_KEYS = (
     ("true/caption_words", "words"),
     ("true/reward_f1_corr_within", "within-group r"),
     ("zero_variance_frac", "zero-var. groups"),
+    ("true/zero_variance_rubric_frac", "of which rubric-limited"),
     ("true/judge_accuracy", "Judge right"),
     ("true/judge_pass_rate_recoloured", "Judge passes recoloured"),
 )
@@ -118,6 +121,48 @@ def recoloured_from_samples(workdir, window=100):
     return tuple(p / t for p, t in (tallies["first"], tallies["last"]))
 
 
+def zero_variance_from_samples(workdir, window=100):
+    """Returns (groups, zero-variance share, rubric-limited share, Judge-caused share) over the
+    groups rl_samples.jsonl logged in the last `window` updates (rl_evals.zero_variance_causes),
+    or None without logged groups that carry the Judge's decisions and their truth. A run older
+    than the logged split has no "exact_rewards": the exact Judge's decision is rebuilt from the
+    Judge's and whether it was right (an item outside the world's language keeps the Judge's)."""
+    from mocojax import roles
+    from mocojax.train import rl_evals
+
+    path = os.path.join(workdir, "rl_samples.jsonl")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    rows = [r for r in rows if r.get("decisions") and r.get("truth", {}).get("decision_right")]
+    if not rows:
+        return None
+    last_step = max(r["step"] for r in rows)
+    rewards, exact = [], []
+    for row in rows:
+        if row["step"] <= last_step - window:
+            continue
+        rewards.append(row["rewards"])
+        if "exact_rewards" in row["truth"]:
+            exact.append(row["truth"]["exact_rewards"])
+            continue
+        weights = [item["weight"] for item in row["rubric"]]
+        exact.append(
+            [
+                float(
+                    roles.rubric_reward(
+                        weights,
+                        [v if ok is None else (v if ok else 1 - v) for v, ok in zip(said, right)],
+                    )
+                )
+                for said, right in zip(row["decisions"], row["truth"]["decision_right"])
+            ]
+        )
+    rubric_limited, judge_caused = rl_evals.zero_variance_causes(rewards, exact)
+    return len(rewards), rubric_limited + judge_caused, rubric_limited, judge_caused
+
+
 def _fmt(value):
     return "—" if value is None else f"{value:.3f}"
 
@@ -163,6 +208,13 @@ def main(argv=None):
             print(
                 f"| {workdir} | rl_samples.jsonl | Judge passes recoloured presence items, "
                 f"first / last 100 updates: {samples[0]:.2f} -> {samples[1]:.2f} |"
+            )
+        split = zero_variance_from_samples(workdir)
+        if split is not None:
+            print(
+                f"| {workdir} | rl_samples.jsonl | zero-variance groups, last 100 updates: "
+                f"{split[1]:.0%} of {split[0]} logged groups = {split[2]:.0%} rubric-limited "
+                f"(the exact Judge also scores them equal) + {split[3]:.0%} Judge-caused |"
             )
     if any(curves.values()):
         print()

@@ -1,5 +1,5 @@
 """benchmarks/rl_summary.py on a hand-made workdir: the eval rows, the gain, first/last-20 means,
-the recoloured pass rate read from rl_samples.jsonl and the validation readout per update."""
+the recoloured pass rate and the zero-variance split read from rl_samples.jsonl and the validation readout per update."""
 
 import importlib.util
 import json
@@ -40,6 +40,21 @@ def test_rl_summary_reads_a_runs_files_by_hand(tmp_path, capsys):
         # no circle named: not a recoloured item, not counted
         {"step": 400, "captions": ["A red star."], "rubric": rubric, "decisions": [[1]]},
     ]
+    for rewards, said, right in (  # groups of two captions naming a red circle (not recoloured)
+        ([1.0, 1.0], [[1], [1]], [[1], [0]]),  # equal, exactly 1 vs 0: Judge-caused
+        ([1.0, 1.0], [[1], [1]], [[1], [1]]),  # equal, exactly equal: rubric-limited
+        ([1.0, 0.0], [[1], [0]], [[1], [1]]),  # not zero-variance
+    ):
+        samples.append(
+            {
+                "step": 400,
+                "captions": ["A red circle."] * 2,
+                "rubric": rubric,
+                "decisions": said,
+                "rewards": rewards,
+                "truth": {"decision_right": right},
+            }
+        )
     with open(tmp_path / "rl_samples.jsonl", "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in samples)
     _load().main([str(tmp_path)])
@@ -48,6 +63,7 @@ def test_rl_summary_reads_a_runs_files_by_hand(tmp_path, capsys):
     assert "F1 +0.100, words -25%, sampled F1 +0.150" in out
     assert f"| {tmp_path} | 40 | 0.20 -> 0.80 |" in out  # 40 updates; first 20 / last 20
     assert "first / last 100 updates: 1.00 -> 0.00" in out
+    assert "67% of 3 logged groups = 33% rubric-limited" in out and "+ 33% Judge-caused" in out
     assert f"| {tmp_path} | 0 | 0.500 | +0.000 | — | 20.0 |" in out
     assert f"| {tmp_path} | 20 | 0.700 | +0.200 | — | 20.0 |" in out
     assert f"| {tmp_path} | 40 | 0.900 | +0.400 | — | 20.0 |" in out

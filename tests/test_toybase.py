@@ -621,6 +621,39 @@ def test_rl_truth_logs_the_judges_balanced_accuracy_per_kind_by_hand():
     )
 
 
+def test_zero_variance_groups_split_into_rubric_limited_and_judge_caused_by_hand():
+    """A group whose rewards are equal is rubric-limited when the exact Judge would also score its
+    captions equally on that rubric, Judge-caused when it would not."""
+    scene = Scene("s", "black", (Obj("circle", "red", "large", "center"),))
+    rubric = [
+        roles.RubricItem("mentions a red circle", "named", 3.0),
+        roles.RubricItem("does not mention a star", "not named", 2.0),
+        roles.RubricItem("mentions at most one circle", "no more named", 1.0),
+    ]
+    good = "A large red circle is in the centre. The background is black."
+    bad = "A large red circle, a small blue circle and a small yellow star."  # fails items 2, 3
+    rollouts = [  # (captions, the learned Judge's decisions)
+        ([good, good], [[1, 1, 1], [1, 1, 1]]),  # equal, and exactly equal: rubric-limited
+        ([good, bad], [[1, 1, 1], [1, 1, 1]]),  # equal, but exactly 1 vs 3/6: Judge-caused
+        ([good, bad], [[1, 1, 1], [1, 0, 0]]),  # rewards differ: not zero-variance
+    ]
+    truths = [
+        rl_evals.toy_truth(
+            scene,
+            types.SimpleNamespace(captions=[c], rubrics=[rubric], decisions=[d]),
+            0,
+        )
+        for c, d in rollouts
+    ]
+    assert truths[1]["exact_rewards"] == [1.0, pytest.approx(3 / 6)]
+    rewards = [[1.0, 1.0], [1.0, 1.0], [1.0, 0.5]]
+    out = rl_evals.truth_metrics(truths, rewards)
+    assert out["true/zero_variance_rubric_frac"] == pytest.approx(1 / 3)
+    assert out["true/zero_variance_judge_frac"] == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="equal"):
+        rl_evals.zero_variance_causes([[1.0, 1.0]], [[1.0, 1.0, 1.0]])
+
+
 def test_within_kind_balanced_accuracy_by_hand():
     from mocojax.eval import toyworld_eval
 

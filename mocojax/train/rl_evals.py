@@ -11,6 +11,7 @@ import logging
 
 import numpy as np
 
+from mocojax import roles
 from mocojax.data import records as records_lib, toyroles, toyworld as tw
 from mocojax.eval import toyworld_eval
 
@@ -146,22 +147,28 @@ def judge_gate(config, processor, judge_params, cfg):
 
 def toy_truth(scene, rollout, g):
     """Returns the exact toy-world truth of group g: per-caption F1 and hallucinations, per-item
-    rubric truth (None: not in the world's language) and per-caption, per-item Judge correctness."""
+    rubric truth (None: not in the world's language), per-caption, per-item Judge correctness, and
+    per caption the reward the exact Judge would give on the same rubric ("exact_rewards"; an item
+    outside the world's language keeps the Judge's decision)."""
     metrics = [tw.caption_metrics(scene, caption) for caption in rollout.captions[g]]
     facts = [toyroles.parse_criterion(item.criterion) for item in rollout.rubrics[g]]
+    weights = [item.weight for item in rollout.rubrics[g]]
     item_true = [None if f is None else toyroles.fact_is_true(scene, f) for f in facts]
     decision_right, by_kind = [], {}  # by_kind: the Judge's confusion counts per item kind
+    exact_rewards = []
     recoloured = [0, 0]  # unmet presence items whose shape the caption names: [passed, total]
     for caption, values in zip(rollout.captions[g], rollout.decisions[g]):
         mentions, background = tw.parse_caption(caption)
-        row = [
-            None if f is None else int(toyroles.judge_fact(f, mentions, background).value == v)
+        exact = [
+            int(v) if f is None else toyroles.judge_fact(f, mentions, background).value
             for f, v in zip(facts, values)
         ]
+        row = [None if f is None else int(e == v) for f, e, v in zip(facts, exact, values)]
         for f, v, right in zip(facts, values, row):
             toyroles.count_decision(by_kind, f, int(v), bool(right))
             toyroles.count_recoloured(recoloured, f, mentions, int(v))
         decision_right.append(row)
+        exact_rewards.append(float(roles.rubric_reward(weights, exact)) if facts else 0.0)
     return {
         "f1": [m["f1"] for m in metrics],
         "hallucinated": [len(m["hallucinated"]) for m in metrics],
@@ -171,7 +178,23 @@ def toy_truth(scene, rollout, g):
         "decision_right": decision_right,
         "judge_by_kind": by_kind,
         "judge_recoloured": recoloured,
+        "exact_rewards": exact_rewards,
     }
+
+
+def zero_variance_causes(rewards, exact_rewards):
+    """Returns (rubric-limited, Judge-caused): the shares of the groups whose rewards are all
+    equal (GRPO learns nothing from them) and whose exact-Judge rewards on the same rubric are
+    also all equal (the rubric has no item that tells the captions apart: e.g. every caption
+    meets every item), or are not (the Judge's errors erased a difference the rubric makes).
+    rewards, exact_rewards: [G, N]. The two shares add up to the zero-variance fraction."""
+    rewards = np.asarray(rewards, np.float64)
+    exact = np.asarray(exact_rewards, np.float64)
+    if rewards.shape != exact.shape or rewards.ndim != 2 or not rewards.size:
+        raise ValueError(f"need two equal [G, N] shapes, got {rewards.shape}, {exact.shape}")
+    flat = rewards.max(axis=1) == rewards.min(axis=1)
+    exact_flat = np.isclose(exact.max(axis=1), exact.min(axis=1), rtol=0.0, atol=1e-6)
+    return float(np.mean(flat & exact_flat)), float(np.mean(flat & ~exact_flat))
 
 
 def truth_metrics(truths, rewards):
@@ -200,6 +223,12 @@ def truth_metrics(truths, rewards):
         out["true/rubric_item_unreadable"] = float(np.mean([v is None for v in items]))
     if decisions:
         out["true/judge_accuracy"] = float(np.mean(decisions))
+    if truths and all("exact_rewards" in t for t in truths):
+        rubric_limited, judge_caused = zero_variance_causes(
+            rewards, [t["exact_rewards"] for t in truths]
+        )
+        out["true/zero_variance_rubric_frac"] = rubric_limited
+        out["true/zero_variance_judge_frac"] = judge_caused
     out.update(_judge_kind_metrics(truths))
     passed, total = (sum(t.get("judge_recoloured", (0, 0))[i] for t in truths) for i in (0, 1))
     if total:  # a Judge of the shape word alone: 1.0; the exact Judge: 0.0
