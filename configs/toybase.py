@@ -34,6 +34,9 @@ def get_config(arg=""):
     # every image has 36 patches; a batch takes the next power of two
     config.data.max_patches = None
     config.data.group_by_role = True  # image tasks and text tasks in separate batches
+    # the shipped base was built unpacked and unchunked: kept so, so this rebuilds it exactly
+    config.data.pack = False
+    config.model.attention_chunk = 0
     # Step one (mocojax.train.toyvision): the vision tower learns to label each cell's token.
     config.vision = ml_collections.ConfigDict()
     config.vision.num_steps = 600
