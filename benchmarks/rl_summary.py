@@ -8,7 +8,8 @@ presence items, the gain), then the means over RL's first and last 20 updates of
 truth metrics (metrics.jsonl: sample F1, hallucinations, words, within-group r, zero-variance
 groups, the Judge's accuracy and its pass rate on recoloured presence items), the last 100
 updates' zero-variance groups split into rubric-limited and Judge-caused (rl_samples.jsonl's
-logged groups), then, where RL
+logged groups; with `--rubric KEY=VALUE` also the share the exact roles would leave without
+variance under other rubric options, e.g. `--rubric attribute_items=True`), then, where RL
 logged the validation readout (`rl.eval_every > 0`: `val/*`, the scenes after the eval
 stage's), its F1, hallucinations and words at each logged update with the gain over update 0
 (the role-SFT Policy). This is how the tables of docs/results.md are read off a run; it reads
@@ -16,6 +17,7 @@ files only.
 """
 
 import argparse
+import ast
 import glob
 import json
 import os
@@ -163,6 +165,50 @@ def zero_variance_from_samples(workdir, window=100):
     return len(rewards), rubric_limited + judge_caused, rubric_limited, judge_caused
 
 
+def exact_zero_variance(workdir, rubric_overrides, window=100):
+    """Returns (groups, zero-variance share, zero-variance share with the overrides) of the
+    groups rl_samples.jsonl logged in the last `window` updates, re-scored by the world's exact
+    Generator (from each group's shown captions) and exact Judge: first with the run's own rubric
+    options (config.json's data block), then with `rubric_overrides` (e.g. {"attribute_items":
+    True}: would size and place items tell the captions apart?). None without logged groups."""
+    import ml_collections
+
+    from mocojax import roles
+    from mocojax.data import toyroles
+
+    path = os.path.join(workdir, "rl_samples.jsonl")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    with open(os.path.join(workdir, "config.json")) as f:
+        config = json.load(f)
+    rows = [r for r in rows if r.get("subset") is not None]
+    if not rows:
+        return None
+    data = ml_collections.ConfigDict(config["data"])
+    records = toyroles.image_records(
+        data.seed, config["rl"].get("num_scenes") or data.num_train_scenes
+    )
+    scenes = {r["id"]: r["scene"] for r in records}
+    last_step = max(r["step"] for r in rows)
+    rows = [r for r in rows if r["step"] > last_step - window]
+    shares = []
+    for overrides in ({}, rubric_overrides):
+        exact = toyroles.ExactRoles(scenes, **{**toyroles.rubric_options(data), **overrides})
+        flat = []
+        for row in rows:
+            rubric = exact.rubric(row["image_id"], [row["captions"][i] for i in row["subset"]])
+            weights = [item.weight for item in rubric]
+            rewards = [
+                float(roles.rubric_reward(weights, exact.decisions(rubric, c)))
+                for c in row["captions"]
+            ]
+            flat.append(np.isclose(max(rewards), min(rewards), rtol=0.0, atol=1e-6))
+        shares.append(float(np.mean(flat)))
+    return len(rows), shares[0], shares[1]
+
+
 def _fmt(value):
     return "—" if value is None else f"{value:.3f}"
 
@@ -170,7 +216,30 @@ def _fmt(value):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("workdirs", nargs="+")
+    parser.add_argument(
+        "--rubric",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="also re-score the last 100 updates' logged groups with the exact roles, with the "
+        "run's rubric options and with these overrides (data.<KEY>, e.g. attribute_items=True)",
+    )
     args = parser.parse_args(argv)
+    overrides = {}
+    for pair in args.rubric:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            parser.error(f"--rubric {pair!r}: expected KEY=VALUE")
+        from mocojax.data import toyroles
+
+        if key not in toyroles.RUBRIC_DEFAULTS:
+            parser.error(
+                f"--rubric {key}: not a rubric option; known: {list(toyroles.RUBRIC_DEFAULTS)}"
+            )
+        try:
+            overrides[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            parser.error(f"--rubric {pair!r}: VALUE must be a Python literal (True, 3, 'x')")
     print("| run | stage | " + " | ".join(label for _, label in EVAL_KEYS) + " |")
     print("|---|---|" + "---|" * len(EVAL_KEYS))
     for workdir in args.workdirs:
@@ -216,6 +285,15 @@ def main(argv=None):
                 f"{split[1]:.0%} of {split[0]} logged groups = {split[2]:.0%} rubric-limited "
                 f"(the exact Judge also scores them equal) + {split[3]:.0%} Judge-caused |"
             )
+        if overrides:
+            exact = exact_zero_variance(workdir, overrides)
+            if exact is not None:
+                changed = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+                print(
+                    f"| {workdir} | rl_samples.jsonl | exact roles, {exact[0]} logged groups of "
+                    f"the last 100 updates: zero-variance {exact[1]:.0%} with the run's rubric, "
+                    f"{exact[2]:.0%} with {changed} |"
+                )
     if any(curves.values()):
         print()
         print("| run | update | val F1 | val F1 - update 0 | val halluc. | val words |")

@@ -67,3 +67,35 @@ def test_rl_summary_reads_a_runs_files_by_hand(tmp_path, capsys):
     assert f"| {tmp_path} | 0 | 0.500 | +0.000 | — | 20.0 |" in out
     assert f"| {tmp_path} | 20 | 0.700 | +0.200 | — | 20.0 |" in out
     assert f"| {tmp_path} | 40 | 0.900 | +0.400 | — | 20.0 |" in out
+
+
+def test_rl_summary_rescores_logged_groups_with_other_rubric_options(tmp_path, capsys):
+    """--rubric attribute_items=True: a group whose captions differ only in the object's place is
+    flat under the run's rubric (no place items) and not once the exact Generator may write them."""
+    import numpy as np
+
+    from mocojax.data import toyroles, toyworld as tw
+
+    records = toyroles.image_records(1, 40)
+    scene = next(r["scene"] for r in records if len(r["scene"].objects) == 1)
+    (obj,) = scene.objects
+    elsewhere = next(p for p in tw.POSITIONS if p != obj.position)
+    rng = np.random.default_rng(0)
+    captions = [
+        tw.write_caption(
+            [tw.Mention(obj.shape, obj.colour, obj.size, obj.position if k < 4 else elsewhere)],
+            scene.background,
+            rng,
+        )
+        for k in range(8)
+    ]
+    config = {"data": {"seed": 1, "num_train_scenes": 40, "attribute_items": False}, "rl": {}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    row = {"step": 5, "image_id": scene.id, "captions": captions, "subset": [0, 1, 4, 5]}
+    (tmp_path / "rl_samples.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "metrics.jsonl").write_text("")
+    module = _load()
+    assert module.exact_zero_variance(str(tmp_path), {"attribute_items": True}) == (1, 1.0, 0.0)
+    module.main([str(tmp_path), "--rubric", "attribute_items=True"])
+    out = capsys.readouterr().out
+    assert "zero-variance 100% with the run's rubric, 0% with attribute_items=True" in out
