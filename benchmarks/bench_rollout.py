@@ -60,17 +60,21 @@ def policy_shared(cfg, params, processor, images, rl, rng):
     return lengths
 
 
+def whole_prompts(cfg, params, processor, conversations, **decode):
+    """Returns the sampler output of conversations, each encoded whole on its own row."""
+    return rollout._generate(cfg, params, processor, conversations, num_samples=1, **decode)[1]
+
+
 def policy_reprefill(cfg, params, processor, images, rl, rng):
     """Returns the Policy's decoded lengths [G*N]: each prompt encoded N times, one sample each."""
     conversations = [
         roles.policy_messages(image) for image in images for _ in range(rl.num_samples)
     ]
-    _, out = rollout._generate(
+    out = whole_prompts(
         cfg,
         params,
         processor,
         conversations,
-        num_samples=1,
         max_new_tokens=rl.max_new_tokens,
         temperature=rl.temperature,
         top_p=rl.top_p,
@@ -87,12 +91,11 @@ def judge_shared(cfg, params, processor, conversations, rl, rng):
 
 def judge_reprefill(cfg, params, processor, conversations, rl, rng):
     """Returns the Judge's replies: every prompt encoded whole, one row each."""
-    _, out = rollout._generate(
+    out = whole_prompts(
         cfg,
         params,
         processor,
         conversations,
-        num_samples=1,
         max_new_tokens=rl.judge_max_new_tokens,
         temperature=rl.judge_temperature,
         rng=rng,
