@@ -86,6 +86,15 @@ def first_last(rows, key, n=20):
     return float(np.mean(values[:n])), float(np.mean(values[-n:]))
 
 
+def sample_rows(workdir):
+    """Returns the rows of <workdir>/rl_samples.jsonl ([] without the file)."""
+    path = os.path.join(workdir, "rl_samples.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
 def recoloured_from_samples(workdir, window=100):
     """Returns (pass rate over the first `window` updates, over the last) of the Judge on
     recoloured presence items, read from rl_samples.jsonl (runs older than the logged metric),
@@ -93,11 +102,7 @@ def recoloured_from_samples(workdir, window=100):
     from mocojax import roles
     from mocojax.data import toyroles, toyworld as tw
 
-    path = os.path.join(workdir, "rl_samples.jsonl")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        rows = [json.loads(line) for line in f]
+    rows = sample_rows(workdir)
     if not rows:
         return None
     last_step = max(r["step"] for r in rows)
@@ -132,12 +137,11 @@ def zero_variance_from_samples(workdir, window=100):
     from mocojax import roles
     from mocojax.train import rl_evals
 
-    path = os.path.join(workdir, "rl_samples.jsonl")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        rows = [json.loads(line) for line in f]
-    rows = [r for r in rows if r.get("decisions") and r.get("truth", {}).get("decision_right")]
+    rows = [
+        r
+        for r in sample_rows(workdir)
+        if r.get("decisions") and r.get("truth", {}).get("decision_right")
+    ]
     if not rows:
         return None
     last_step = max(r["step"] for r in rows)
@@ -176,16 +180,11 @@ def exact_zero_variance(workdir, rubric_overrides, window=100):
     from mocojax import roles
     from mocojax.data import toyroles
 
-    path = os.path.join(workdir, "rl_samples.jsonl")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        rows = [json.loads(line) for line in f]
-    with open(os.path.join(workdir, "config.json")) as f:
-        config = json.load(f)
-    rows = [r for r in rows if r.get("subset") is not None]
+    rows = [r for r in sample_rows(workdir) if r.get("subset") is not None]
     if not rows:
         return None
+    with open(os.path.join(workdir, "config.json")) as f:
+        config = json.load(f)
     data = ml_collections.ConfigDict(config["data"])
     records = toyroles.image_records(
         data.seed, config["rl"].get("num_scenes") or data.num_train_scenes
