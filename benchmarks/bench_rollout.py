@@ -2,6 +2,13 @@
 
   python benchmarks/bench_rollout.py --repeats 2        # configs/toyworld.py, the shipped base
   python benchmarks/bench_rollout.py --tiny             # seconds: the script's check (tests)
+  python benchmarks/bench_rollout.py --recipe --repeats 2   # configs/toyworld_judge.py
+
+--recipe: the learned-Judge recipe (configs/toyworld_judge.py), whose Generator is the world's
+exact one and whose Judge is asked once per (caption, rubric item) in the `reason` form: there
+**shared** encodes the opening of a caption's questions (the caption; the item ends each question)
+once for all its items (`sampling.generate_with_prefix_index`) and **re-prefill** encodes every
+question whole.
 
 A rollout is what one RL update samples and scores before its gradient step: the Policy's N
 captions per image, one Generator rubric per image, and the Judge's decisions on every caption.
@@ -30,15 +37,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from configs import toyworld  # noqa: E402
+from configs import toyworld, toyworld_judge  # noqa: E402
 from mocojax import config_utils, roles  # noqa: E402
-from mocojax.data import pipeline  # noqa: E402
+from mocojax.data import pipeline, records as records_lib  # noqa: E402
 from mocojax.train import rl as rl_lib, rollout  # noqa: E402
 
 
-def setup_rollout(tiny):
-    """Returns (config, model config, params, processor, one RL group) of the toy job."""
-    config = toyworld.get_config("tiny" if tiny else "")
+def setup_rollout(tiny, recipe=False):
+    """Returns (config, model config, params, processor, one RL group, {image id: scene}) of the
+    toy job (recipe: configs/toyworld_judge.py's)."""
+    config = (toyworld_judge if recipe else toyworld).get_config("tiny" if tiny else "")
     setup = config_utils.build_setup(config, tempfile.mkdtemp())
     records = rl_lib.rl_records(config)
     group = next(
@@ -51,7 +59,8 @@ def setup_rollout(tiny):
             )
         )
     )
-    return config, setup.model_config, setup.load_params(), setup.processor, group
+    scenes = {r["id"]: r["scene"] for r in records}
+    return config, setup.model_config, setup.load_params(), setup.processor, group, scenes
 
 
 def policy_shared(cfg, params, processor, images, rl, rng):
@@ -105,6 +114,16 @@ def judge_reprefill(cfg, params, processor, conversations, rl, rng):
     )
 
 
+def judge_items_shared(cfg, params, processor, conversations, rl, rng, group_sizes):
+    """Returns the per-item Judge's replies: each caption's common opening encoded once."""
+    return rollout.judge_items_texts(cfg, params, processor, conversations, rl, rng, group_sizes)
+
+
+def judge_items_reprefill(cfg, params, processor, conversations, rl, rng, group_sizes):
+    """Returns the per-item Judge's replies: every question encoded whole."""
+    return rollout.judge_items_texts(cfg, params, processor, conversations, rl, rng)
+
+
 def best(fn, repeats):
     """Returns (best seconds over repeats, the last result); the first call (compiles) untimed."""
     result = fn()
@@ -120,10 +139,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tiny", action="store_true", help="configs/toyworld.py:tiny (a check)")
+    parser.add_argument(
+        "--recipe", action="store_true", help="configs/toyworld_judge.py (per-item Judge)"
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
-    config, cfg, params, processor, group = setup_rollout(args.tiny)
+    config, cfg, params, processor, group, scenes = setup_rollout(args.tiny, args.recipe)
     rl = config.rl
     images = [e["image"] for e in group]
     rng = jax.random.key(0)
@@ -132,36 +154,57 @@ def main(argv=None):
     n = rl.num_samples
     subsets = rollout.choose_subsets(config.seed, 1, len(group), n, rl.subset_size)
     shown = [[captions[g][i] for i in subsets[g]] for g in range(len(group))]
-    write = functools.partial(
-        rollout.write_rubrics,
-        cfg,
-        params,
-        processor,
-        images,
-        [e["references"] for e in group],
-        shown,
-        rl,
-        jax.random.fold_in(rng, 1),
-    )
+    if args.recipe:  # the world's exact Generator (no model work)
+        exact = rl_lib.exact_roles(config, scenes)
+        write = lambda: (None, [exact.rubric(e["id"], s) for e, s in zip(group, shown)], None)
+    else:
+        write = functools.partial(
+            rollout.write_rubrics,
+            cfg,
+            params,
+            processor,
+            images,
+            [e["references"] for e in group],
+            shown,
+            rl,
+            jax.random.fold_in(rng, 1),
+        )
     generator_s, (_, rubrics, _) = best(write, args.repeats)
     # A group whose rubric did not parse is given a one-item rubric, so every group is judged
     # (the benchmark times the Judge's prompts, not the Generator's quality).
     fallback = [roles.RubricItem("mentions a red circle", "named", 1.0)]
     rubrics = [r or fallback for r in rubrics]
-    conversations = [
-        roles.judge_messages(rubrics[g], caption)
-        for g in range(len(group))
-        for caption in captions[g]
-    ]
+    form = records_lib.judge_item_form(config.data) if args.recipe else False
+    if form:
+        conversations = [
+            roles.judge_item_prompt(item, caption, form)
+            for g in range(len(group))
+            for caption in captions[g]
+            for item in rubrics[g]
+        ]
+        sizes = [len(rubrics[g]) for g in range(len(group)) for _ in captions[g]]
+        judges = (
+            functools.partial(judge_items_shared, group_sizes=sizes),
+            functools.partial(judge_items_reprefill, group_sizes=sizes),
+        )
+    else:
+        conversations = [
+            roles.judge_messages(rubrics[g], caption)
+            for g in range(len(group))
+            for caption in captions[g]
+        ]
+        judges = (judge_shared, judge_reprefill)
     print(
         f"{len(group)} images x N = {n} captions, Policy max {rl.max_new_tokens} new tokens at "
-        f"temperature {rl.temperature}; Generator {rl.generator_max_new_tokens}; Judge "
-        f"{rl.judge_max_new_tokens} (greedy, whole-rubric form); best of {args.repeats}"
+        f"temperature {rl.temperature}; Generator "
+        f"{'exact' if args.recipe else rl.generator_max_new_tokens}; Judge "
+        f"{rl.judge_max_new_tokens} (greedy, {form or 'whole-rubric'} form, "
+        f"{len(conversations)} prompts); best of {args.repeats}"
     )
     rows = {}
     for name, policy, judge in (
-        ("shared", policy_shared, judge_shared),
-        ("re-prefill", policy_reprefill, judge_reprefill),
+        ("shared", policy_shared, judges[0]),
+        ("re-prefill", policy_reprefill, judges[1]),
     ):
         policy_s, lengths = best(
             lambda policy=policy: policy(cfg, params, processor, images, rl, rng), args.repeats

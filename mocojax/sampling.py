@@ -46,6 +46,7 @@ from mocojax.sampling_core import (  # noqa: F401
     decode_core,
     extend_core,
     filter_logits,
+    gather_prefix_core,
     prefill_core,
 )
 
@@ -114,6 +115,7 @@ decode_jit = jax.jit(
     _decode_in_place, static_argnames=("cfg", "sampler"), donate_argnames=("cache",)
 )
 _score_jit = jax.jit(completion_logprobs, static_argnames=("cfg", "num_samples"))
+_gather_jit = jax.jit(gather_prefix_core, static_argnames=("cfg",))
 
 
 def program_counts() -> dict[str, int]:
@@ -123,6 +125,7 @@ def program_counts() -> dict[str, int]:
         "extend": _extend_jit,
         "decode": decode_jit,
         "score": _score_jit,
+        "gather": _gather_jit,
     }
     return {name: fn._cache_size() for name, fn in jitted.items()}
 
@@ -380,6 +383,60 @@ def generate_with_shared_prefix(
     prefix = extend(cfg, params, prefix, np.pad(continuations, pad), np.pad(continuation_mask, pad))
     out = decode(cfg, params, prefix, max_new_tokens=max_new_tokens, **decode_kwargs)
     return _first_rows(out, (input_ids.shape[0] - extra) * num_samples)
+
+
+def generate_with_prefix_index(
+    cfg: ModelConfig,
+    params,
+    input_ids,
+    attention_mask,
+    *,
+    prefix_index,
+    continuations,
+    continuation_mask,
+    max_new_tokens: int,
+    **decode_kwargs,
+) -> SampleOutput:
+    """Returns generations [R, T] after text prefix prefix_index[r] followed by continuation r
+    ([R, C], right-padded; every row needs at least one token).
+
+    generate_with_shared_prefix for prefixes shared by uneven numbers of rows: the per-item
+    Judge's questions about one caption share the caption and differ in the item that ends
+    them. The B prefixes are encoded once, row r copies the cache of its prefix, appends its
+    continuation, then all rows decode together. decode_kwargs are decode's settings.
+    """
+    mesh, multiple = _row_multiple(params)
+    input_ids, attention_mask, _ = _filler_rows(cfg, input_ids, attention_mask, multiple)
+    index = np.asarray(prefix_index, np.int32)
+    continuations, continuation_mask = np.asarray(continuations), np.asarray(continuation_mask)
+    rows = index.shape[0]
+    if continuations.shape[0] != rows or continuation_mask.shape != continuations.shape:
+        raise ValueError(
+            f"continuations {continuations.shape} / mask {continuation_mask.shape} need one row "
+            f"per prefix_index entry ({rows})"
+        )
+    if rows and (index.min() < 0 or index.max() >= input_ids.shape[0]):
+        raise ValueError(f"prefix_index must name prefixes 0..{input_ids.shape[0] - 1}")
+    if rows and not continuation_mask.any(axis=1).all():
+        raise ValueError("every continuation needs at least one token")
+    extra = -rows % multiple  # filler rows: prefix 0 and one token
+    index = _append_rows(index, extra)
+    continuations = _append_rows(continuations, extra, int(input_ids[0, -1]))
+    continuation_mask = _append_rows(continuation_mask, extra)
+    continuation_mask[rows:, 0] = 1
+    width = bucket(continuations.shape[1], minimum=8)
+    pad = ((0, 0), (0, width - continuations.shape[1]))
+    prefix = prefill(
+        cfg,
+        params,
+        input_ids,
+        attention_mask,
+        reserve=width + max_new_tokens,
+    )
+    prefix = _gather_jit(cfg, prefix, _rows(mesh, index))
+    prefix = extend(cfg, params, prefix, np.pad(continuations, pad), np.pad(continuation_mask, pad))
+    out = decode(cfg, params, prefix, max_new_tokens=max_new_tokens, **decode_kwargs)
+    return _first_rows(out, rows)
 
 
 def sequence_logprobs(

@@ -150,6 +150,19 @@ def _constrain_cache(cfg: ModelConfig, cache: dict) -> dict:
     )
 
 
+def gather_prefix_core(cfg: ModelConfig, prefix: Prefix, rows: jax.Array) -> Prefix:
+    """Returns the Prefix whose row r is row rows[r] of prefix (rows [R] int32): prompts that
+    share a prefix in uneven numbers (the per-item Judge's items of one caption) copy its cache."""
+    take = lambda x, axis: jnp.take(x, rows, axis=axis)
+    return Prefix(
+        cache=_constrain_cache(cfg, jax.tree.map(lambda c: take(c, 1), prefix.cache)),
+        key_valid=take(prefix.key_valid, 0),
+        next_position=take(prefix.next_position, 0),
+        last_logits=take(prefix.last_logits, 0),
+        next_slot=prefix.next_slot,
+    )
+
+
 def extend_core(
     cfg: ModelConfig,
     params,

@@ -454,30 +454,35 @@ def test_exact_roles_by_hand():
 def test_per_item_judge_asks_one_item_per_row_in_rl(tmp_path, monkeypatch, form):
     """data.judge_per_item: the real Judge (random weights) is asked once per (caption, item),
     every question in one batch, in the data.judge_item_form's words; each caption gets one
-    decision per rubric item."""
+    decision per rubric item. The questions about one caption share its prompt's opening, encoded
+    once: the replies are those of every question encoded whole."""
     config = _toy_config()
     config.data.judge_per_item = True
     config.data.judge_item_form = form
     config.rl.num_steps = 1
-    write_rubrics, generate = rollout_lib.write_rubrics, rollout_lib._generate
-    asked = []
+    write_rubrics, judge_items_texts = rollout_lib.write_rubrics, rollout_lib.judge_items_texts
+    asked, sizes = [], []
 
     def fixed_rubric(*args):
         texts, _, problems = write_rubrics(*args)
         return texts, [list(rl_patterns.RUBRIC) for _ in texts], problems
 
-    def recording_generate(cfg, params, processor, conversations, **kwargs):
+    def recording_judge(cfg, params, processor, conversations, rl_cfg, rng, group_sizes=None):
         asked.append(conversations)
-        return generate(cfg, params, processor, conversations, **kwargs)
+        sizes.append(group_sizes)
+        texts = judge_items_texts(cfg, params, processor, conversations, rl_cfg, rng, group_sizes)
+        whole = judge_items_texts(cfg, params, processor, conversations, rl_cfg, rng)
+        assert texts == whole
+        return texts
 
     monkeypatch.setattr(rollout_lib, "write_rubrics", fixed_rubric)
-    monkeypatch.setattr(rollout_lib, "_generate", recording_generate)
+    monkeypatch.setattr(rollout_lib, "judge_items_texts", recording_judge)
     rl.run_rl(config, str(tmp_path))
-    # Policy sampling, the Generator, then the Judge: G groups x N captions x 2 items, padded to
-    # a power of two by repeating the first question.
-    judge_rows = asked[-1]
-    rows = config.rl.images_per_step * config.rl.num_samples * len(rl_patterns.RUBRIC)
-    assert len(judge_rows) >= rows and len(judge_rows) & (len(judge_rows) - 1) == 0
+    # G groups x N captions x 2 items, the two questions about one caption in a row.
+    (judge_rows,) = asked
+    groups = config.rl.images_per_step * config.rl.num_samples
+    assert len(judge_rows) == groups * len(rl_patterns.RUBRIC)
+    assert sizes == [[len(rl_patterns.RUBRIC)] * groups]
     texts = [row[0]["content"][0]["text"] for row in judge_rows]
     if form == "rubric":
         assert all(t.count("\n1 | ") == 1 and "\n2 | " not in t for t in texts)

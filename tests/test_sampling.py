@@ -3,6 +3,8 @@ prefill / shared prefix, sampling statistics, bucketing and errors (tiny random 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -216,6 +218,51 @@ def test_shared_prefix_continuations_match_full_prompts(pair):
     )
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(expected.tokens))
     np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(expected.logprobs), atol=TOL)
+
+
+def test_prefix_index_rows_match_full_prompts(pair):
+    """Text prefixes shared by uneven numbers of rows (3, 1, 2; rows out of order) == generating
+    from each full prompt; bad indices and empty continuations are refused."""
+    _, params = pair
+    rng = np.random.default_rng(17)
+    prefixes = [rng.integers(0, 240, k) for k in (7, 4, 9)]
+    ids, mask = left_pad(prefixes)
+    index = np.array([0, 2, 0, 1, 2, 0])
+    lengths = [3, 5, 1, 4, 2, 6]
+    continuations = [rng.integers(0, 240, k) for k in lengths]
+    cont_ids = np.zeros((len(lengths), max(lengths)), np.int64)
+    cont_mask = np.zeros_like(cont_ids)
+    for r, c in enumerate(continuations):
+        cont_ids[r, : len(c)], cont_mask[r, : len(c)] = c, 1
+    out = sampling.generate_with_prefix_index(
+        CFG,
+        params,
+        ids,
+        mask,
+        prefix_index=index,
+        continuations=cont_ids,
+        continuation_mask=cont_mask,
+        max_new_tokens=12,
+    )
+    full_ids, full_mask = left_pad(
+        [np.concatenate([prefixes[b], c]) for b, c in zip(index, continuations)]
+    )
+    expected = sampling.generate(CFG, params, full_ids, full_mask, max_new_tokens=12)
+    assert out.tokens.shape == expected.tokens.shape
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(expected.tokens))
+    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(expected.logprobs), atol=TOL)
+    call = functools.partial(sampling.generate_with_prefix_index, CFG, params, ids, mask)
+    with pytest.raises(ValueError, match="prefix_index must name"):
+        call(
+            prefix_index=index + 1,
+            continuations=cont_ids,
+            continuation_mask=cont_mask,
+            max_new_tokens=4,
+        )
+    empty = cont_mask.copy()
+    empty[1] = 0
+    with pytest.raises(ValueError, match="at least one token"):
+        call(prefix_index=index, continuations=cont_ids, continuation_mask=empty, max_new_tokens=4)
 
 
 def _reference_distribution(logits, temperature, top_k, top_p):

@@ -189,10 +189,20 @@ def split_shared_prefix(input_ids, attention_mask, group_size):
     original prompt, whatever the tokenizer does at the boundary. Prefixes come back left
     padded, continuations right padded.
     """
+    return split_prefixes(input_ids, attention_mask, [group_size] * (len(input_ids) // group_size))
+
+
+def split_prefixes(input_ids, attention_mask, group_sizes):
+    """split_shared_prefix for groups of uneven sizes: rows [sum(group_sizes), L] in consecutive
+    groups; returns (prefix ids [len(group_sizes), P], prefix mask, continuations [rows, C], mask)."""
     rows = [ids[mask > 0] for ids, mask in zip(np.asarray(input_ids), np.asarray(attention_mask))]
+    if sum(group_sizes) != len(rows) or min(group_sizes, default=1) < 1:
+        raise ValueError(f"group sizes {group_sizes} must be >= 1 and sum to {len(rows)} rows")
     prefixes, continuations = [], []
-    for g in range(len(rows) // group_size):
-        group = rows[g * group_size : (g + 1) * group_size]
+    start = 0
+    for size in group_sizes:
+        group = rows[start : start + size]
+        start += size
         shared = min(len(r) for r in group) - 1
         for r in group[1:]:
             differs = np.nonzero(r[:shared] != group[0][:shared])[0]
@@ -276,18 +286,52 @@ def sample_texts(
     ]
 
 
-def judge_items_texts(cfg, params, processor, conversations, rl, rng):
-    """Returns the per-item Judge's replies to one-item conversations, in order, padded to at
-    least 8 rows (`sample_texts`)."""
-    return sample_texts(
+def judge_items_texts(cfg, params, processor, conversations, rl, rng, group_sizes=None):
+    """Returns the per-item Judge's replies to one-item conversations, in order.
+
+    group_sizes: the conversations come in consecutive groups that share their opening (the
+    questions about one caption: the caption first, the item last); each group's common prefix
+    is encoded once and its KV cache copied to the group's rows
+    (`sampling.generate_with_prefix_index`). Prefixes and rows are padded to power-of-two counts
+    (filler rows repeat the first and are dropped), so the sampler compiles once per bucket.
+    Without group_sizes every conversation is encoded whole (`sample_texts`, at least 8 rows).
+    """
+    if group_sizes is None:
+        return sample_texts(
+            cfg,
+            params,
+            processor,
+            conversations,
+            max_new_tokens=rl.judge_max_new_tokens,
+            temperature=rl.judge_temperature,
+            rng=rng,
+        )
+    batch = processor(conversations, mode="generate")
+    prefix_ids, prefix_mask, tails, tail_mask = split_prefixes(
+        batch["input_ids"], batch["attention_mask"], list(group_sizes)
+    )
+    index = np.repeat(np.arange(len(group_sizes)), group_sizes)
+    groups, rows = len(group_sizes), len(conversations)
+    extra_groups = sampling.bucket(groups, minimum=8) - groups
+    extra_rows = sampling.bucket(rows, minimum=8) - rows
+    out = sampling.generate_with_prefix_index(
         cfg,
         params,
-        processor,
-        conversations,
+        np.concatenate([prefix_ids, np.repeat(prefix_ids[:1], extra_groups, 0)]),
+        np.concatenate([prefix_mask, np.repeat(prefix_mask[:1], extra_groups, 0)]),
+        prefix_index=np.concatenate([index, np.zeros(extra_rows, index.dtype)]),
+        continuations=np.concatenate([tails, np.repeat(tails[:1], extra_rows, 0)]),
+        continuation_mask=np.concatenate([tail_mask, np.repeat(tail_mask[:1], extra_rows, 0)]),
         max_new_tokens=rl.judge_max_new_tokens,
         temperature=rl.judge_temperature,
+        eos_token_ids=processor.eos_token_ids,
+        pad_id=processor.pad_token_id,
         rng=rng,
     )
+    out = distributed.fetch(out)
+    return decode_texts(processor.tokenizer, out.tokens, out.lengths, processor.eos_token_ids)[
+        :rows
+    ]
 
 
 def judge_captions(cfg, params, processor, rubrics, captions, rl, rng, per_item=False):
@@ -315,6 +359,8 @@ def judge_captions(cfg, params, processor, rubrics, captions, rl, rng, per_item=
             [roles.judge_item_prompt(item, captions[g][i], form) for g, i, item in rows],
             rl,
             rng,
+            # the rows of one caption are consecutive and share its prompt up to the item
+            group_sizes=[len(rubrics[g]) for g in judged for _ in range(n)],
         )
         for (g, i, item), text in zip(rows, texts):
             values, found = roles.parse_item_reply(text, form, item.criterion)
