@@ -398,17 +398,6 @@ def write_outputs(root, grid, seeds, table, wall_s, note=""):
     plot_tracking(table, os.path.join(root, "tracking_error.png"))
 
 
-def use_compile_cache(path):
-    """Turns on JAX's persistent compilation cache in `path` for every program (the rows' runs
-    compile the same programs: the cache makes the second and later ones load them)."""
-    import jax
-
-    os.makedirs(path, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", choices=GRIDS, default="paper")
@@ -443,7 +432,9 @@ def main(argv=None):
     start = time.perf_counter()
     root = os.path.abspath(args.workdir)
     if args.compile_cache != "off":
-        use_compile_cache(args.compile_cache or os.path.join(root, "jax_cache"))
+        from mocojax import config_utils
+
+        config_utils.use_compile_cache(args.compile_cache or os.path.join(root, "jax_cache"))
     results = execute(runs)
     # Wall time of every run, resumed ones included (their earlier part is not counted).
     wall = sum(r["wall_s"] for r in results.values())

@@ -41,6 +41,15 @@ MESH_AXES = ("data", "fsdp", "tensor")
 DTYPES = ("float32", "bfloat16")
 
 
+def use_compile_cache(path):
+    """Turns on JAX's persistent compilation cache in `path` for every program: a later run that
+    compiles the same programs (another seed, a resumed run, the next row of a grid) loads them."""
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def _fail(key, value, reason):
     raise ValueError(f"config.{key}={value!r}: {reason}")
 

@@ -18,6 +18,8 @@ from ml_collections import config_flags
 from mocojax import checkpoint, config_utils, distributed, workdir_lock
 from mocojax.train import sft
 
+DEFAULT_COMPILE_CACHE = "~/.cache/mocojax/jax"
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (configs/*.py[:arg]).", lock_config=True
 )
@@ -26,6 +28,13 @@ _BREAK_LOCK = flags.DEFINE_bool(
     "break_lock",
     False,
     "Take over a workdir whose lock names a run on another host (after making sure it is gone).",
+)
+_COMPILE_CACHE = flags.DEFINE_string(
+    "compile_cache",
+    "",
+    "JAX's persistent compilation cache: a directory, or 'off'. Default: $JAX_COMPILATION_CACHE_DIR "
+    f"when set, else {DEFAULT_COMPILE_CACHE} for a one-process run (a rerun, another seed or a "
+    "resumed run loads the programs an earlier run compiled) and off for a multi-process one.",
 )
 
 
@@ -136,6 +145,17 @@ def run(config, workdir, break_lock=False):
     return results
 
 
+def compile_cache_dir(flag, environ, process_count):
+    """Returns the persistent compilation cache directory main turns on, or None: the --compile_cache
+    flag's directory; none for "off" or when $JAX_COMPILATION_CACHE_DIR is set (JAX reads it
+    itself); else DEFAULT_COMPILE_CACHE for a one-process run (several processes: off)."""
+    if flag == "off" or (not flag and environ.get("JAX_COMPILATION_CACHE_DIR")):
+        return None
+    if flag:
+        return os.path.expanduser(flag)
+    return os.path.expanduser(DEFAULT_COMPILE_CACHE) if process_count == 1 else None
+
+
 class _DropReadOnlyNotice(logging.Filter):
     """Drops orbax's warning that a checkpoint directory is read only: eval and export open
     checkpoints read only on purpose, so the line says nothing a user should act on."""
@@ -154,6 +174,12 @@ def main(argv):
         raise app.UsageError("--workdir is required")
     # Before validation: it counts devices, and jax.distributed must start before any device use.
     distributed.initialize(_CONFIG.value.get("distributed"))
+    cache = compile_cache_dir(_COMPILE_CACHE.value, os.environ, jax.process_count())
+    if cache:
+        try:
+            config_utils.use_compile_cache(cache)
+        except OSError as e:  # e.g. a read-only home: the run goes on, compiling every program
+            logging.warning("no persistent compilation cache (%s); --compile_cache=DIR sets one", e)
     run(_CONFIG.value, _WORKDIR.value, _BREAK_LOCK.value)
 
 

@@ -161,6 +161,18 @@ def test_every_config_loads_and_validates(name, arg, monkeypatch):
             config_utils.validate(config, main.STAGES)
 
 
+def test_compile_cache_defaults_to_the_user_cache_for_one_process_runs():
+    """--compile_cache: a directory, "off", or by default ~/.cache/mocojax/jax for a one-process
+    run; $JAX_COMPILATION_CACHE_DIR (which JAX reads itself) and multi-process runs turn the
+    default off."""
+    home = os.path.expanduser("~")
+    assert main.compile_cache_dir("", {}, 1) == os.path.join(home, ".cache/mocojax/jax")
+    assert main.compile_cache_dir("", {}, 2) is None
+    assert main.compile_cache_dir("", {"JAX_COMPILATION_CACHE_DIR": "/c"}, 1) is None
+    assert main.compile_cache_dir("off", {}, 1) is None
+    assert main.compile_cache_dir("~/x", {"JAX_COMPILATION_CACHE_DIR": "/c"}, 2) == home + "/x"
+
+
 def _command(workdir):
     return [
         sys.executable,
