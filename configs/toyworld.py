@@ -221,6 +221,9 @@ def get_config(arg=""):
     config.export.stage = "rl"
     config.export.step = -1  # -1: the latest checkpoint
     config.export.out_dir = ""  # empty: <workdir>/hf
+    # set: the export is a base for other runs (configs/toybase_check.py): its toybase.json names
+    # the scenes it trained on (and its parent's) and this command as how it was built
+    config.export.built_by = ""
 
     config.rl = rl_config.rl_defaults(tiny=arg == "tiny")
     config.rl.evals = "toyworld"  # Judge gate + held-out evals against the exact truth

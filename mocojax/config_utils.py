@@ -380,7 +380,12 @@ def validate(config, stages):
         ),
         f"must be a comma-separated list of {SCORED_STAGES}, e.g. 'sft,rl'",
     )
-    _check(config, "export.stage", lambda v: v in ("sft", "rl"), "must be 'sft' or 'rl'")
+    _check(
+        config,
+        "export.stage",
+        lambda v: v in ("warmup", "sft", "rl"),
+        "must be 'warmup', 'sft' or 'rl'",
+    )
     _check(
         config,
         "export.step",
@@ -432,7 +437,8 @@ def write_base_manifest(config, out_dir, step):
             }
         )
     built_by.append(
-        "python -m mocojax.main --config configs/toybase.py"
+        config.export.get("built_by")
+        or "python -m mocojax.main --config configs/toybase.py"
         + (f" (task mix {config.data.task_mix})" if config.data.get("task_mix") else "")
     )
     with open(os.path.join(out_dir, BASE_MANIFEST), "w") as f:

@@ -82,7 +82,9 @@ def run_export(config, workdir):
     step = checkpoint.export_hf(
         workdir, config.export.stage, setup.model_config, out_dir, setup.tokenizer_path, step
     )
-    if config.data.get("tasks", "roles") == "base":
+    # A toy base, or a model continued from one for others to start from (export.built_by set:
+    # configs/toybase_check.py), records the scenes it trained on so no eval uses them.
+    if config.data.get("tasks", "roles") == "base" or config.export.get("built_by"):
         config_utils.write_base_manifest(config, out_dir, step)
     return {"step": step, "out_dir": out_dir}
 
