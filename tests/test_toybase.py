@@ -135,6 +135,40 @@ def test_continued_base_manifest_keeps_the_parent_scenes(tmp_path):
     assert isinstance(config, ml_collections.ConfigDict)
 
 
+def test_check_base_manifest_names_the_shipped_base_then_its_own_scenes(tmp_path):
+    """configs/toybase_check.py's export records the shipped base's scenes, then data seed 5's,
+    and its own command; a recipe run on seed 5 from it is refused, seed 1 is not."""
+    import json
+    import sys
+
+    from mocojax import config_utils, main
+
+    sys.path.insert(0, ROOT)
+    from configs import toybase_check, toyworld_judge
+
+    config = toybase_check.get_config()
+    with open(os.path.join(config.model.init_from, config_utils.BASE_MANIFEST)) as f:
+        parent = json.load(f)
+    out = tmp_path / "check"
+    out.mkdir()
+    config_utils.write_base_manifest(config, str(out), 3000)
+    (out / "config.json").write_text("{}")
+    manifest = json.loads((out / config_utils.BASE_MANIFEST).read_text())
+    assert manifest["scenes_seen"] == parent["scenes_seen"] + [
+        {"seed": 5, "start": 0, "count": 4000 + 24}
+    ]
+    assert manifest["built_by"] == (
+        parent["built_by"] + " then python -m mocojax.main --config configs/toybase_check.py"
+    )
+    run = toyworld_judge.get_config()
+    run.model.init_from = str(out)
+    run.data.seed = 5
+    with pytest.raises(ValueError, match="config.data.seed=5"):
+        config_utils.validate(run, main.STAGES)
+    run.data.seed = 1
+    config_utils.validate(run, main.STAGES)
+
+
 def test_base_score_by_hand():
     record = {"task": "cell", "target": "a large red circle"}
     assert toybase.score(record, "a large red circle") == 1.0
