@@ -37,13 +37,19 @@ same role-SFT checkpoints moves each gain by 0.002-0.010 (session 27); zero-vari
 on one machine but not bitwise the same run on another (XLA's CPU code differs).
 """
 
+import os
+
 from configs import toyworld
+
+# configs/toybase_check.py's export: the toy base continued on this recipe's Judge warm-up
+CHECK_BASE_DIR = os.path.join(os.path.dirname(toyworld.BASE_DIR), "toybase_check")
 
 
 def get_config(arg=""):
     """Returns configs/toyworld.py with the learned-Judge recipe above (arg "tiny": smoke run)."""
     config = toyworld.get_config(arg)
-    config.stages = ("warmup", "sft", "rl", "eval")
+    # role SFT from the check base: the warm-up below ran once, in configs/toybase_check.py
+    config.stages = ("sft", "rl", "eval")
     data = config.data
     data.judge_per_item = True
     data.judge_item_form = "reason"
@@ -54,11 +60,13 @@ def get_config(arg=""):
     data.mix = (5, 0, 1)
     data.judge_repeats = True
     data.judge_fragments = True
-    config.sft.init_stage = "warmup"
-    # every row below was measured unpacked and unchunked (configs/toyworld.py now packs and
-    # chunks: same evals to 3 decimals on the default job, not yet measured on this recipe)
-    data.pack = False
-    config.model.attention_chunk = 0
+    # the warm-up's settings (configs/toybase_check.py runs it; `--config.stages=
+    # '("warmup","sft","rl","eval")' --config.sft.init_stage=warmup` runs it in the workdir)
+    config.sft.init_stage = ""
+    if arg != "tiny":
+        config.model.init_from = CHECK_BASE_DIR
+    data.pack = True
+    config.model.attention_chunk = 64
     config.rl.generator = "exact"
     config.rl.kl_beta = 0.05  # GRPO's k3 KL to the role-SFT Policy (Shao et al. 2024; session 20)
     # half the toy RL lr (session 25: chosen on the validation range, seeds 1-3: mean gain +0.081
