@@ -2,7 +2,7 @@
 role SFT with the Policy's share raised, 600 Policy RL updates scored by the EMA model as Judge,
 and the held-out eval of both checkpoints (docs/results.md has every run behind each choice).
 
-  python -m mocojax.main --config configs/toyworld_judge.py --workdir runs/toyworld_judge   # ~55-60 min on 2 idle cores
+  python -m mocojax.main --config configs/toyworld_judge.py --workdir runs/toyworld_judge   # ~50 min beside 2 other runs
   python -m mocojax.main --config configs/toyworld_judge.py:tiny --workdir /tmp/judge_tiny  # smoke run
 
 What differs from configs/toyworld.py, and why (session numbers point into docs/results.md):
@@ -13,7 +13,10 @@ What differs from configs/toyworld.py, and why (session numbers point into docs/
 - a `warmup` stage trains the Judge alone first: 3,000 steps of 32 whose learning rate anneals
   over the first 1,000 and then restarts on the 3,000-step cosine (`warmup.restart_at=1000`).
   With this schedule the Judge learned to bind colour to shape (session 18); one cosine over the
-  same steps and records did not teach it on any of seeds 1-3 (session 19);
+  same steps and records did not teach it on any of seeds 1-3 (session 19). Since session 29 it
+  runs once, on seed-5 scenes, in configs/toybase_check.py, whose export
+  (mocojax/assets/toybase_check) this recipe starts from: a warm-up from another seed's scenes
+  served seeds 1-2 as well as their own (session 29);
 - role SFT starts from the warm-up with the record mix (5, 0, 1): per-item Judge records are ~5
   per scene, so the paper's 2:1:1 leaves the Policy ~30% of the batches and an imprecise Policy
   from which RL loses F1 whoever judges (sessions 13-14). The Policy learns terse captions
