@@ -6,7 +6,9 @@ Three jitted programs do everything, each compiled once per bucketed shape:
   prompt + `reserve` slots and repeats it N times, so sample j of prompt b (row b*N+j) starts
   from its prompt's cache without re-encoding it;
 * extend: appends right-padded continuations [B*N, C] to such a cache (the Judge's captions
-  after a shared rubric prefix) and, when scoring, returns their token logprobs;
+  after a shared rubric prefix) and, when scoring, returns their token logprobs; a small gather
+  program first copies each prefix's cache to its rows when prefixes are shared by uneven
+  numbers of rows (`generate_with_prefix_index`: the per-item Judge's items of one caption);
 * decode: samples up to T tokens per row in one `lax.while_loop` over a donated state and stops
   as soon as every row has emitted an EOS id.
 
@@ -369,7 +371,6 @@ def generate_with_shared_prefix(
         ]
     )
     width = bucket(continuations.shape[1], minimum=8)
-    pad = ((0, 0), (0, width - continuations.shape[1]))
     prefix = prefill(
         cfg,
         params,
@@ -380,9 +381,19 @@ def generate_with_shared_prefix(
         reserve=width + max_new_tokens,
         num_samples=num_samples,
     )
-    prefix = extend(cfg, params, prefix, np.pad(continuations, pad), np.pad(continuation_mask, pad))
-    out = decode(cfg, params, prefix, max_new_tokens=max_new_tokens, **decode_kwargs)
+    out = _continue_and_decode(
+        cfg, params, prefix, continuations, continuation_mask, width, max_new_tokens, decode_kwargs
+    )
     return _first_rows(out, (input_ids.shape[0] - extra) * num_samples)
+
+
+def _continue_and_decode(
+    cfg, params, prefix, continuations, continuation_mask, width, max_new_tokens, decode_kwargs
+):
+    """Returns the decode of prefix (consumed) after the continuations [R, C], padded to width."""
+    pad = ((0, 0), (0, width - continuations.shape[1]))
+    prefix = extend(cfg, params, prefix, np.pad(continuations, pad), np.pad(continuation_mask, pad))
+    return decode(cfg, params, prefix, max_new_tokens=max_new_tokens, **decode_kwargs)
 
 
 def generate_with_prefix_index(
@@ -425,17 +436,11 @@ def generate_with_prefix_index(
     continuation_mask = _append_rows(continuation_mask, extra)
     continuation_mask[rows:, 0] = 1
     width = bucket(continuations.shape[1], minimum=8)
-    pad = ((0, 0), (0, width - continuations.shape[1]))
-    prefix = prefill(
-        cfg,
-        params,
-        input_ids,
-        attention_mask,
-        reserve=width + max_new_tokens,
-    )
+    prefix = prefill(cfg, params, input_ids, attention_mask, reserve=width + max_new_tokens)
     prefix = _gather_jit(cfg, prefix, _rows(mesh, index))
-    prefix = extend(cfg, params, prefix, np.pad(continuations, pad), np.pad(continuation_mask, pad))
-    out = decode(cfg, params, prefix, max_new_tokens=max_new_tokens, **decode_kwargs)
+    out = _continue_and_decode(
+        cfg, params, prefix, continuations, continuation_mask, width, max_new_tokens, decode_kwargs
+    )
     return _first_rows(out, rows)
 
 
