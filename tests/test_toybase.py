@@ -167,6 +167,18 @@ def test_check_base_manifest_names_the_shipped_base_then_its_own_scenes(tmp_path
         config_utils.validate(run, main.STAGES)
     run.data.seed = 1
     config_utils.validate(run, main.STAGES)
+    # configs/toyworld_judge.py:check starts role SFT from the shipped check base, whose manifest
+    # is the one this command writes (seed 5 refused there too)
+    check = toyworld_judge.get_config("check")
+    assert check.stages == ("sft", "rl", "eval") and not check.sft.init_stage
+    with open(os.path.join(check.model.init_from, config_utils.BASE_MANIFEST)) as f:
+        assert json.load(f)["scenes_seen"] == manifest["scenes_seen"]
+    config_utils.validate(check, main.STAGES)
+    check.data.seed = 5
+    with pytest.raises(ValueError, match="config.data.seed=5"):
+        config_utils.validate(check, main.STAGES)
+    with pytest.raises(ValueError, match="unknown arg 'fast'"):
+        toyworld_judge.get_config("fast")
 
 
 def test_base_score_by_hand():
