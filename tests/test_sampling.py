@@ -179,6 +179,16 @@ def test_shared_prefill_encodes_each_prompt_once(pair, monkeypatch):
     assert len({tuple(row) for row in np.asarray(shared.tokens)}) == 2 * n  # the samples differ
 
 
+def _random_continuations(rng, lengths):
+    """Returns (token lists, right-padded ids [R, max], mask) of random continuations."""
+    continuations = [rng.integers(0, 240, k) for k in lengths]
+    ids = np.zeros((len(lengths), max(lengths)), np.int64)
+    mask = np.zeros_like(ids)
+    for r, c in enumerate(continuations):
+        ids[r, : len(c)], mask[r, : len(c)] = c, 1
+    return continuations, ids, mask
+
+
 def test_shared_prefix_continuations_match_full_prompts(pair):
     """Prefix (image + rubric) once per group + N captions == generating from each full prompt."""
     _, params = pair
@@ -186,12 +196,8 @@ def test_shared_prefix_continuations_match_full_prompts(pair):
     prefix_ids, pixels, grid = image_prompt(CFG, [(1, 4, 4)], rng, text_len=3)
     prefixes = [prefix_ids, rng.integers(0, 240, 6)]
     ids, mask = left_pad(prefixes)
-    n, lengths = 2, [3, 5, 1, 4]
-    continuations = [rng.integers(0, 240, k) for k in lengths]
-    cont_ids = np.zeros((len(lengths), max(lengths)), np.int64)
-    cont_mask = np.zeros_like(cont_ids)
-    for r, c in enumerate(continuations):
-        cont_ids[r, : len(c)], cont_mask[r, : len(c)] = c, 1
+    n = 2
+    continuations, cont_ids, cont_mask = _random_continuations(rng, [3, 5, 1, 4])
     out = sampling.generate_with_shared_prefix(
         CFG,
         params,
@@ -228,12 +234,7 @@ def test_prefix_index_rows_match_full_prompts(pair):
     prefixes = [rng.integers(0, 240, k) for k in (7, 4, 9)]
     ids, mask = left_pad(prefixes)
     index = np.array([0, 2, 0, 1, 2, 0])
-    lengths = [3, 5, 1, 4, 2, 6]
-    continuations = [rng.integers(0, 240, k) for k in lengths]
-    cont_ids = np.zeros((len(lengths), max(lengths)), np.int64)
-    cont_mask = np.zeros_like(cont_ids)
-    for r, c in enumerate(continuations):
-        cont_ids[r, : len(c)], cont_mask[r, : len(c)] = c, 1
+    continuations, cont_ids, cont_mask = _random_continuations(rng, [3, 5, 1, 4, 2, 6])
     out = sampling.generate_with_prefix_index(
         CFG,
         params,
