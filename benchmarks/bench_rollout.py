@@ -114,16 +114,6 @@ def judge_reprefill(cfg, params, processor, conversations, rl, rng):
     )
 
 
-def judge_items_shared(cfg, params, processor, conversations, rl, rng, group_sizes):
-    """Returns the per-item Judge's replies: each caption's common opening encoded once."""
-    return rollout.judge_items_texts(cfg, params, processor, conversations, rl, rng, group_sizes)
-
-
-def judge_items_reprefill(cfg, params, processor, conversations, rl, rng, group_sizes):
-    """Returns the per-item Judge's replies: every question encoded whole."""
-    return rollout.judge_items_texts(cfg, params, processor, conversations, rl, rng)
-
-
 def best(fn, repeats):
     """Returns (best seconds over repeats, the last result); the first call (compiles) untimed."""
     result = fn()
@@ -183,9 +173,10 @@ def main(argv=None):
             for item in rubrics[g]
         ]
         sizes = [len(rubrics[g]) for g in range(len(group)) for _ in captions[g]]
+        # shared: each caption's common opening encoded once; re-prefill: every question whole
         judges = (
-            functools.partial(judge_items_shared, group_sizes=sizes),
-            functools.partial(judge_items_reprefill, group_sizes=sizes),
+            functools.partial(rollout.judge_items_texts, group_sizes=sizes),
+            rollout.judge_items_texts,
         )
     else:
         conversations = [

@@ -311,17 +311,17 @@ def judge_items_texts(cfg, params, processor, conversations, rl, rng, group_size
         batch["input_ids"], batch["attention_mask"], list(group_sizes)
     )
     index = np.repeat(np.arange(len(group_sizes)), group_sizes)
-    groups, rows = len(group_sizes), len(conversations)
-    extra_groups = sampling.bucket(groups, minimum=8) - groups
-    extra_rows = sampling.bucket(rows, minimum=8) - rows
+    rows = len(conversations)
+    # filler prefixes and rows repeat the first, up to a power-of-two count
+    padded = lambda x: np.concatenate([x, np.repeat(x[:1], sampling.bucket(len(x), 8) - len(x), 0)])
     out = sampling.generate_with_prefix_index(
         cfg,
         params,
-        np.concatenate([prefix_ids, np.repeat(prefix_ids[:1], extra_groups, 0)]),
-        np.concatenate([prefix_mask, np.repeat(prefix_mask[:1], extra_groups, 0)]),
-        prefix_index=np.concatenate([index, np.zeros(extra_rows, index.dtype)]),
-        continuations=np.concatenate([tails, np.repeat(tails[:1], extra_rows, 0)]),
-        continuation_mask=np.concatenate([tail_mask, np.repeat(tail_mask[:1], extra_rows, 0)]),
+        padded(prefix_ids),
+        padded(prefix_mask),
+        prefix_index=padded(index),
+        continuations=padded(tails),
+        continuation_mask=padded(tail_mask),
         max_new_tokens=rl.judge_max_new_tokens,
         temperature=rl.judge_temperature,
         eos_token_ids=processor.eos_token_ids,
