@@ -1,6 +1,6 @@
 """One RL rollout of the default toy job with shared prompt prefixes, against re-prefilling.
 
-  python benchmarks/bench_rollout.py --repeats 2        # configs/toyworld.py, the shipped base
+  python benchmarks/bench_rollout.py --repeats 2        # configs/toyworld.py:paper, the shipped base
   python benchmarks/bench_rollout.py --tiny             # seconds: the script's check (tests)
   python benchmarks/bench_rollout.py --recipe --repeats 2   # configs/toyworld_judge.py
 
@@ -46,7 +46,9 @@ from mocojax.train import rl as rl_lib, rollout  # noqa: E402
 def setup_rollout(tiny, recipe=False):
     """Returns (config, model config, params, processor, one RL group, {image id: scene}) of the
     toy job (recipe: configs/toyworld_judge.py's)."""
-    config = (toyworld_judge if recipe else toyworld).get_config("tiny" if tiny else "")
+    config = (toyworld_judge.get_config if recipe else toyworld.paper_config)(
+        "tiny" if tiny else ""
+    )
     setup = config_utils.build_setup(config, tempfile.mkdtemp())
     records = rl_lib.rl_records(config)
     group = next(

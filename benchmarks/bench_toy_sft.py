@@ -2,7 +2,7 @@
 
   python benchmarks/bench_toy_sft.py --batches 8
 
-Takes the first --batches batches of the default toy-world SFT stage (configs/toyworld.py:
+Takes the first --batches batches of the default toy-world SFT stage (configs/toyworld.py:paper:
 role-grouped batches of 16, the shipped toy base model) and times, for each variant, the host
 micro-batching (packing included) + the jitted step + fetching the metrics over those batches,
 after a first pass that compiles every shape. Tokens are real (non-padding) tokens; target

@@ -93,7 +93,7 @@ def main():
     args = parser.parse_args()
     with open(args.samples) as f:
         groups = [g for g in map(json.loads, f) if g["step"] <= args.max_step][: args.groups]
-    config = toyworld_config.get_config()
+    config = toyworld_config.paper_config()
     config.model.init_from = args.model
     setup = config_utils.build_setup(config, args.workdir)
     questions, meta = questions_of(groups)

@@ -2,7 +2,7 @@
 
   python benchmarks/profile_sft.py --batches 24 --repeats 3
 
-Builds the default toy-world SFT data (configs/toyworld.py: role-grouped batches of 16, the
+Builds the default toy-world SFT data (configs/toyworld.py:paper: role-grouped batches of 16, the
 shipped toy base model) and reports, per role: real / padded tokens per batch, the host-side
 time of one batch (grain rendering + micro-batching), the jitted step alone, and a split of the
 step's forward + backward into the vision tower, the decoder layers (attention and MLP timed
@@ -34,7 +34,7 @@ from mocojax.train import sft, state as state_lib  # noqa: E402
 
 def toy_setup(num_scenes):
     """Returns (config, setup, train examples) of the default toy job on num_scenes scenes."""
-    config = toyworld.get_config()
+    config = toyworld.paper_config()
     config.data.num_train_scenes = num_scenes
     setup = config_utils.build_setup(config, tempfile.mkdtemp())
     train, _ = config_utils.sft_examples(config, setup.processor)

@@ -34,7 +34,7 @@ def main():
     if set(k for k, v in mix.items() if v) - {"truth", "truthattr"}:
         raise SystemExit(f"--mix {args.mix!r}: only truth and truthattr are asked here")
     records = toybase.base_records(args.seed, args.scenes, start=args.start, task_mix=mix)
-    config = toyworld_config.get_config()
+    config = toyworld_config.paper_config()
     config.model.init_from = args.model
     config.data.pair_tokens = True
     setup = config_utils.build_setup(config, args.workdir)

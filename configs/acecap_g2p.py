@@ -1,4 +1,4 @@
-"""ACE-Cap's G2P reward on the toy world: Stage I multi-role SFT as configs/toyworld.py, then Policy
+"""ACE-Cap's G2P reward on the toy world: Stage I multi-role SFT as configs/toyworld.py:paper, then Policy
 GRPO on R_G (Gold-MCQ answered from the caption alone, +1 right / -0.5 Not Given / -1 wrong) instead
 of the rubric reward, then held-out eval of the RL Policy (docs/acecap.md).
 
@@ -14,8 +14,8 @@ from configs import toyworld
 
 
 def get_config(arg=""):
-    """Returns configs/toyworld.py with rl.reward = "g2p", the exact judge, and no export stage."""
-    config = toyworld.get_config(arg)
+    """Returns configs/toyworld.py:paper with rl.reward = "g2p", the exact judge, and no export stage."""
+    config = toyworld.paper_config(arg)
     config.stages = ("sft", "rl", "eval")
     config.rl.reward = "g2p"
     config.rl.judge = "exact"

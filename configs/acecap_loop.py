@@ -1,5 +1,5 @@
 """ACE-Cap's active evidence acquisition on the toy world, trained with LOOP-GRPO (docs/acecap.md):
-Stage I multi-role SFT as configs/toyworld.py plus the loop's Instruct and Composer records
+Stage I multi-role SFT as configs/toyworld.py:paper plus the loop's Instruct and Composer records
 (`data.loop_mix`, mocojax/data/toyloop.py: exact answers and teacher transcripts), then the
 `loop` stage: per update, the Policy's c_0, G Composer rollouts that ASK or say READY, the
 Instruct answers, the final captions; R_G of each on the scene's Gold-MCQ; LOOP-GRPO's
@@ -21,8 +21,8 @@ from mocojax.train import loop as loop_lib
 
 
 def get_config(arg=""):
-    """Returns configs/toyworld.py with the loop's records and the loop stage (arg "tiny": smoke run)."""
-    config = toyworld.get_config(arg)
+    """Returns configs/toyworld.py:paper with the loop's records and the loop stage (arg "tiny": smoke run)."""
+    config = toyworld.paper_config(arg)
     config.stages = ("sft", "loop")
     config.data.loop_mix = (1, 1)
     config.loop = loop_lib.loop_defaults()

@@ -24,7 +24,7 @@ from configs import toyworld
 
 def get_config(arg=""):
     """Returns the 8B SFT config; arg "tiny" runs 2 steps of batch 8."""
-    config = toyworld.get_config()
+    config = toyworld.paper_config()
     config.stages = ("sft", "rl", "export")
     config.mesh = "fsdp=-1"  # ZeRO-3 over every device of every host
 

@@ -13,7 +13,7 @@ from configs import toyworld
 
 
 def get_config(arg=""):
-    """Returns configs/toyworld.py (the method is the default) without the HF export stage."""
-    config = toyworld.get_config(arg)
+    """Returns configs/toyworld.py:paper (the paper's pipeline at toy size) without the HF export stage."""
+    config = toyworld.paper_config(arg)
     config.stages = ("sft", "rl", "eval")
     return config

@@ -4,8 +4,8 @@ The analogue of the pretrained checkpoint the paper starts from. It trains on ge
 (`mocojax.data.toybase`: cell-by-cell listings, "what is at the top left?", "where is the red
 circle?", captions, and reading captions back) -- never the role prompts -- then scores every
 task against its trivial baseline (eval_sft_<step>.json) and exports an HF directory. The
-repo ships the result in mocojax/assets/toybase, which configs/toyworld.py starts from;
-this rebuilds it exactly (same seed, same machine type: the run is deterministic):
+repo ships the result in mocojax/assets/toybase, which configs/toyworld.py:paper starts from
+and configs/toybase_check.py continues; this rebuilds it exactly (same seed, same machine type: the run is deterministic):
 
   python -m mocojax.main --config configs/toybase.py --workdir runs/toybase \
       --config.export.out_dir=mocojax/assets/toybase
@@ -19,7 +19,7 @@ from configs import toyworld
 
 def get_config(arg=""):
     """Returns the base-pretraining config; arg "tiny" shrinks model, data and steps for a smoke run."""
-    config = toyworld.get_config(arg)
+    config = toyworld.paper_config(arg)
     config.stages = ("vision", "sft", "eval", "export")
     config.model.init_from = ""  # from random weights
     config.model.tiny = dict(toyworld.BASE_MODEL)

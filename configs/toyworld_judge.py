@@ -6,7 +6,7 @@ and the held-out eval of both checkpoints (docs/results.md has every run behind 
   python -m mocojax.main --config configs/toyworld_judge.py:check --workdir runs/judge_check  # ~50 min beside 2 other runs
   python -m mocojax.main --config configs/toyworld_judge.py:tiny --workdir /tmp/judge_tiny  # smoke run
 
-What differs from configs/toyworld.py, and why (session numbers point into docs/results.md):
+What differs from configs/toyworld.py:paper, and why (session numbers point into docs/results.md):
 - the rubric is the one exact roles met the RL target with (session 11): `absent_shapes` +
   `count_items`, without the size and place items a learned Judge cannot check (sessions 8-9);
 - the Judge answers per item in the `reason` form (criterion | rationale | yes/no), the form in
@@ -53,11 +53,11 @@ CHECK_BASE_DIR = os.path.join(os.path.dirname(toyworld.BASE_DIR), "toybase_check
 
 
 def get_config(arg=""):
-    """Returns configs/toyworld.py with the learned-Judge recipe above (arg "tiny": smoke run;
+    """Returns configs/toyworld.py:paper with the learned-Judge recipe above (arg "tiny": smoke run;
     "check": from the check base, without the warm-up stage)."""
     if arg not in ("", "tiny", "check"):
         raise ValueError(f"configs/toyworld_judge.py: unknown arg {arg!r}; known: '', tiny, check")
-    config = toyworld.get_config("tiny" if arg == "tiny" else "")
+    config = toyworld.paper_config("tiny" if arg == "tiny" else "")
     config.stages = ("warmup", "sft", "rl", "eval")
     data = config.data
     data.judge_per_item = True

@@ -327,7 +327,7 @@ def test_check_form_asks_the_base_truth_question_and_answers_yes_or_no():
         roles.judge_item_prompt(item, caption, "lines")
     assert records.judge_item_form({"judge_per_item": True, "judge_item_form": "check"}) == "check"
     assert records.judge_item_form({"judge_per_item": False, "judge_item_form": "check"}) is False
-    config = toyworld_config.get_config()
+    config = toyworld_config.paper_config()
     config.data.judge_item_form = "check"
     with pytest.raises(ValueError, match="judge_item_form"):
         config_utils.validate(config, main.STAGES)
@@ -375,7 +375,7 @@ def test_echo_and_reason_forms_restate_the_criterion_before_yes_or_no():
     assert decisions == [roles.Decision(0, "")] and "unreadable" in problems[0]
     with pytest.raises(ValueError, match="unknown per-item Judge form 'lines'"):
         roles.parse_item_reply("yes", "lines")
-    config = toyworld_config.get_config()
+    config = toyworld_config.paper_config()
     config.data.judge_item_form = "echo"
     with pytest.raises(ValueError, match="judge_item_form"):
         config_utils.validate(config, main.STAGES)

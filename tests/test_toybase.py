@@ -136,8 +136,8 @@ def test_continued_base_manifest_keeps_the_parent_scenes(tmp_path):
 
 
 def test_check_base_manifest_names_the_shipped_base_then_its_own_scenes(tmp_path):
-    """configs/toybase_check.py's export records the shipped base's scenes, then data seed 5's,
-    and its own command; a recipe run on seed 5 from it is refused, seed 1 is not."""
+    """configs/toybase_check.py's export records the shipped base's scenes, then its data seed's,
+    and its own command; a recipe run on that seed from it is refused, seed 1 is not."""
     import json
     import sys
 
@@ -147,6 +147,8 @@ def test_check_base_manifest_names_the_shipped_base_then_its_own_scenes(tmp_path
     from configs import toybase_check, toyworld_judge
 
     config = toybase_check.get_config()
+    seed = config.data.seed
+    assert seed not in (0, 1, 2, 3, 7)  # the toy base's seeds and the eval seeds
     with open(os.path.join(config.model.init_from, config_utils.BASE_MANIFEST)) as f:
         parent = json.load(f)
     out = tmp_path / "check"
@@ -155,30 +157,56 @@ def test_check_base_manifest_names_the_shipped_base_then_its_own_scenes(tmp_path
     (out / "config.json").write_text("{}")
     manifest = json.loads((out / config_utils.BASE_MANIFEST).read_text())
     assert manifest["scenes_seen"] == parent["scenes_seen"] + [
-        {"seed": 5, "start": 0, "count": 4000 + 24}
+        {"seed": seed, "start": 0, "count": 4000 + 24}
     ]
     assert manifest["built_by"] == (
         parent["built_by"] + " then python -m mocojax.main --config configs/toybase_check.py"
     )
     run = toyworld_judge.get_config()
     run.model.init_from = str(out)
-    run.data.seed = 5
-    with pytest.raises(ValueError, match="config.data.seed=5"):
+    run.data.seed = seed
+    with pytest.raises(ValueError, match=f"config.data.seed={seed}"):
         config_utils.validate(run, main.STAGES)
     run.data.seed = 1
     config_utils.validate(run, main.STAGES)
     # configs/toyworld_judge.py:check starts role SFT from the shipped check base, whose manifest
-    # is the one this command writes (seed 5 refused there too)
+    # is the one this command writes (its seed refused there too)
     check = toyworld_judge.get_config("check")
     assert check.stages == ("sft", "rl", "eval") and not check.sft.init_stage
     with open(os.path.join(check.model.init_from, config_utils.BASE_MANIFEST)) as f:
         assert json.load(f)["scenes_seen"] == manifest["scenes_seen"]
     config_utils.validate(check, main.STAGES)
-    check.data.seed = 5
-    with pytest.raises(ValueError, match="config.data.seed=5"):
+    check.data.seed = seed
+    with pytest.raises(ValueError, match=f"config.data.seed={seed}"):
         config_utils.validate(check, main.STAGES)
     with pytest.raises(ValueError, match="unknown arg 'fast'"):
         toyworld_judge.get_config("fast")
+
+
+def test_default_config_is_the_check_recipe_with_its_export():
+    """configs/toyworld.py's default is configs/toyworld_judge.py:check plus the HF export (it
+    validates: a learned EMA Judge, the exact Generator, from the check base); "paper" and "tiny"
+    are paper_config's; an unknown arg is refused."""
+    import sys
+
+    from mocojax import config_utils, main
+
+    sys.path.insert(0, ROOT)
+    from configs import toyworld, toyworld_judge
+
+    default = toyworld.get_config()
+    assert default.stages == ("sft", "rl", "eval", "export")
+    assert os.path.basename(default.model.init_from) == "toybase_check"
+    assert (default.rl.generator, default.rl.judge) == ("exact", "ema")
+    check = toyworld_judge.get_config("check")
+    check.stages = default.stages
+    assert default.to_dict() == check.to_dict()
+    config_utils.validate(default, main.STAGES)
+    for arg, paper_arg in (("paper", ""), ("tiny", "tiny")):
+        assert toyworld.get_config(arg).to_dict() == toyworld.paper_config(paper_arg).to_dict()
+    assert toyworld.paper_config().data.mix == (2, 1, 1)
+    with pytest.raises(ValueError, match="known: '', paper, tiny"):
+        toyworld.get_config("fast")
 
 
 def test_base_score_by_hand():
@@ -318,7 +346,7 @@ def test_pair_tokens_build_the_tokenizer_over_the_base_own(tmp_path):
     """data.pair_tokens with model.init_from: the tokenizer is built into the workdir (the
     shipped base's 704 embedding rows hold its 672 tokens); without it the base's own is used;
     a source other than the toy world is refused."""
-    config = toyworld_config.get_config()
+    config = toyworld_config.paper_config()
     config.data.pair_tokens = True
     setup = config_utils.build_setup(config, str(tmp_path))
     assert setup.tokenizer_path == str(tmp_path / "tokenizer")
@@ -565,8 +593,9 @@ def test_validation_refuses_eval_scenes_the_base_trained_on(tmp_path):
 
 
 def test_shipped_base_is_what_the_default_config_loads():
-    """mocojax/assets/toybase is a loadable HF directory of the default config's architecture,
-    whose tokenizer writes every role record and base task without <unk>."""
+    """mocojax/assets/toybase (configs/toyworld.py:paper's start) and mocojax/assets/toybase_check
+    (the default's) are loadable HF directories of the default architecture, whose tokenizer
+    writes every role record and base task without <unk>."""
     import importlib.util
 
     from mocojax import model, processing
@@ -577,30 +606,31 @@ def test_shipped_base_is_what_the_default_config_loads():
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config()
-    base = config.model.init_from
-    assert os.path.isfile(os.path.join(base, "model.safetensors"))
-    assert os.path.isfile(os.path.join(base, "toybase.json"))
-    cfg = model.ModelConfig.from_pretrained(base)
-    dims = module.BASE_MODEL
-    assert (
-        cfg.text.hidden_size,
-        cfg.text.num_hidden_layers,
-        cfg.vision.depth,
-        cfg.vision.hidden_size,
-    ) == (dims["hidden_size"], dims["num_layers"], dims["vision_depth"], dims["vision_hidden"])
-    tokenizer = processing.load_tokenizer(base)
-    texts = [
-        m["content"] if isinstance(m["content"], str) else part["text"]
-        for r in toyroles.sft_records(3, 30) + toybase.base_records(3, 30)
-        for m in records.conversation(r, None)
-        for part in (m["content"] if isinstance(m["content"], list) else [m])
-        if isinstance(m["content"], str) or part.get("type") == "text"
-    ]
-    for text in texts:
+    bases = [module.get_config().model.init_from, module.paper_config().model.init_from]
+    assert [os.path.basename(b) for b in bases] == ["toybase_check", "toybase"]
+    for base in bases:
+        assert os.path.isfile(os.path.join(base, "model.safetensors"))
+        assert os.path.isfile(os.path.join(base, "toybase.json"))
+        cfg = model.ModelConfig.from_pretrained(base)
+        dims = module.BASE_MODEL
         assert (
-            tokenizer.unk_token_id not in tokenizer(text, add_special_tokens=False)["input_ids"]
-        ), text
+            cfg.text.hidden_size,
+            cfg.text.num_hidden_layers,
+            cfg.vision.depth,
+            cfg.vision.hidden_size,
+        ) == (dims["hidden_size"], dims["num_layers"], dims["vision_depth"], dims["vision_hidden"])
+        tokenizer = processing.load_tokenizer(base)
+        texts = [
+            m["content"] if isinstance(m["content"], str) else part["text"]
+            for r in toyroles.sft_records(3, 30) + toybase.base_records(3, 30)
+            for m in records.conversation(r, None)
+            for part in (m["content"] if isinstance(m["content"], list) else [m])
+            if isinstance(m["content"], str) or part.get("type") == "text"
+        ]
+        for text in texts:
+            assert (
+                tokenizer.unk_token_id not in tokenizer(text, add_special_tokens=False)["input_ids"]
+            ), text
 
 
 def test_rl_truth_logs_how_often_the_judge_passes_a_recoloured_object_by_hand():
