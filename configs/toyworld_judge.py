@@ -3,7 +3,7 @@ role SFT with the Policy's share raised, 600 Policy RL updates scored by the EMA
 and the held-out eval of both checkpoints (docs/results.md has every run behind each choice).
 
   python -m mocojax.main --config configs/toyworld_judge.py --workdir runs/toyworld_judge   # ~80 min beside another run
-  python -m mocojax.main --config configs/toyworld_judge.py:check --workdir runs/judge_check  # ~50 min beside 2 other runs
+  python -m mocojax.main --config configs/toyworld_judge.py:check --workdir runs/judge_check  # ~42 min beside 2 other runs
   python -m mocojax.main --config configs/toyworld_judge.py:tiny --workdir /tmp/judge_tiny  # smoke run
 
 What differs from configs/toyworld.py:paper, and why (session numbers point into docs/results.md):
@@ -16,11 +16,12 @@ What differs from configs/toyworld.py:paper, and why (session numbers point into
   With this schedule the Judge learned to bind colour to shape (session 18); one cosine over the
   same steps and records did not teach it on any of seeds 1-3 (session 19). `:check` skips it:
   role SFT starts from mocojax/assets/toybase_check (configs/toybase_check.py: this warm-up run
-  once on seed-5 scenes), packed and chunked. Seed 3's warm-up served seeds 1-2 as well as their
-  own (+0.055 / +0.074), but the shipped seed-5 one binds colour to shape worse (it passes 88-99%
-  of presence items naming the shape in another colour) and gave +0.066 / +0.022 / +0.077 on
-  seeds 1-3 (validation +0.042 / +0.032 / +0.077 against the full recipe's +0.062 / +0.044 /
-  +0.096), so the full recipe stays the default (session 29);
+  once on seed-6 scenes), packed and chunked; with the export it is configs/toyworld.py's
+  default. Seed 3's warm-up served seeds 1-2 as well as their own (+0.055 / +0.074; session 29);
+  from the check base RL gains +0.037 / +0.053 / +0.015 on seeds 1-3 (validation +0.031 / +0.076
+  / +0.031; session 30; session 29's seed-5 base: +0.066 / +0.022 / +0.077), against the full
+  recipe's +0.061 / +0.061 / +0.074 (validation +0.062 / +0.044 / +0.096), so without an arg
+  this config keeps its own warm-up;
 - role SFT starts from the warm-up with the record mix (5, 0, 1): per-item Judge records are ~5
   per scene, so the paper's 2:1:1 leaves the Policy ~30% of the batches and an imprecise Policy
   from which RL loses F1 whoever judges (sessions 13-14). The Policy learns terse captions
