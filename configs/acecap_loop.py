@@ -21,7 +21,8 @@ from mocojax.train import loop as loop_lib
 
 
 def get_config(arg=""):
-    """Returns configs/toyworld.py:paper with the loop's records and the loop stage (arg "tiny": smoke run)."""
+    """Returns configs/toyworld.py:paper with the loop's records and the loop stage (arg "tiny":
+    smoke run)."""
     config = toyworld.paper_config(arg)
     config.stages = ("sft", "loop")
     config.data.loop_mix = (1, 1)

@@ -13,7 +13,8 @@ from configs import toyworld
 
 
 def get_config(arg=""):
-    """Returns configs/toyworld.py:paper (the paper's pipeline at toy size) without the HF export stage."""
+    """Returns configs/toyworld.py:paper (the paper's pipeline at toy size) without the HF export
+    stage."""
     config = toyworld.paper_config(arg)
     config.stages = ("sft", "rl", "eval")
     return config

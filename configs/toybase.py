@@ -5,7 +5,8 @@ The analogue of the pretrained checkpoint the paper starts from. It trains on ge
 circle?", captions, and reading captions back) -- never the role prompts -- then scores every
 task against its trivial baseline (eval_sft_<step>.json) and exports an HF directory. The
 repo ships the result in mocojax/assets/toybase, which configs/toyworld.py:paper starts from
-and configs/toybase_check.py continues; this rebuilds it exactly (same seed, same machine type: the run is deterministic):
+and configs/toybase_check.py continues; this rebuilds it exactly (same seed, same machine type:
+the run is deterministic):
 
   python -m mocojax.main --config configs/toybase.py --workdir runs/toybase \
       --config.export.out_dir=mocojax/assets/toybase

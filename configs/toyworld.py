@@ -13,7 +13,8 @@ Policy, the EMA Policy as Judge and the world's exact Generator (a learned one i
 yet: docs/results.md). "paper" is the paper's pipeline at toy size (`paper_config`: the 2:1:1
 record mix, 400 SFT steps, 100 RL updates, learned EMA Generator and Judge), on which RL lowers
 held-out F1 (the roles do not learn their lookups in 400 steps); "tiny" is that pipeline shrunk
-to seconds, which the tests and the other configs' smoke runs build on.
+to seconds, which the tests and the other configs' smoke runs build on (the default's own smoke
+run: configs/toyworld_judge.py:tiny).
 
 Overrides: --config.sft.num_steps=100 --config.optimizer.lr=1e-3 --config.stages='("sft", "eval")'
 --config.eval.stage=sft; (m, H): --config.rl.momentum=0.99 --config.rl.sync_every=5.
