@@ -3,7 +3,7 @@ role SFT with the Policy's share raised, 600 Policy RL updates scored by the EMA
 and the held-out eval of both checkpoints (docs/results.md has every run behind each choice).
 
   python -m mocojax.main --config configs/toyworld_judge.py --workdir runs/toyworld_judge   # ~80 min beside another run
-  python -m mocojax.main --config configs/toyworld_judge.py:check --workdir runs/judge_check  # ~42 min beside 2 other runs
+  python -m mocojax.main --config configs/toyworld_judge.py:check --workdir runs/judge_check  # ~19 min idle
   python -m mocojax.main --config configs/toyworld_judge.py:tiny --workdir /tmp/judge_tiny  # smoke run
 
 What differs from configs/toyworld.py:paper, and why (session numbers point into docs/results.md):
