@@ -608,6 +608,13 @@ def test_shipped_base_is_what_the_default_config_loads():
     spec.loader.exec_module(module)
     bases = [module.get_config().model.init_from, module.paper_config().model.init_from]
     assert [os.path.basename(b) for b in bases] == ["toybase_check", "toybase"]
+    texts = [
+        m["content"] if isinstance(m["content"], str) else part["text"]
+        for r in toyroles.sft_records(3, 30) + toybase.base_records(3, 30)
+        for m in records.conversation(r, None)
+        for part in (m["content"] if isinstance(m["content"], list) else [m])
+        if isinstance(m["content"], str) or part.get("type") == "text"
+    ]
     for base in bases:
         assert os.path.isfile(os.path.join(base, "model.safetensors"))
         assert os.path.isfile(os.path.join(base, "toybase.json"))
@@ -620,13 +627,6 @@ def test_shipped_base_is_what_the_default_config_loads():
             cfg.vision.hidden_size,
         ) == (dims["hidden_size"], dims["num_layers"], dims["vision_depth"], dims["vision_hidden"])
         tokenizer = processing.load_tokenizer(base)
-        texts = [
-            m["content"] if isinstance(m["content"], str) else part["text"]
-            for r in toyroles.sft_records(3, 30) + toybase.base_records(3, 30)
-            for m in records.conversation(r, None)
-            for part in (m["content"] if isinstance(m["content"], list) else [m])
-            if isinstance(m["content"], str) or part.get("type") == "text"
-        ]
         for text in texts:
             assert (
                 tokenizer.unk_token_id not in tokenizer(text, add_special_tokens=False)["input_ids"]
