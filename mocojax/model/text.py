@@ -68,18 +68,25 @@ class Attention(nnx.Module):
         return y + getattr(self, f"{name}_bias")[...].astype(self.dtype) if self.bias else y
 
     def __call__(self, x, cos, sin, mask, kv_cache, write_index):
-        """Returns (out [B, T, D], (k, v) [B, S, K, H]); with a cache, new k/v land at write_index."""
+        """Returns (out [B, T, D], (k, v)): the new k/v [B, T, K, H], or with kv_cache (k, v, layer)
+        (every layer's cache [layers, B, S, K, H] and this layer's index) that cache with the new
+        k/v written at (layer, write_index)."""
         q = apply_rotary(self.q_norm(self._proj(x, "q")), cos, sin)
         k = apply_rotary(self.k_norm(self._proj(x, "k")), cos, sin)
         v = self._proj(x, "v")
+        new_kv = (k, v)
         if kv_cache is not None:
-            cache_k, cache_v = kv_cache
-            k = jax.lax.dynamic_update_slice_in_dim(
-                cache_k, k.astype(cache_k.dtype), write_index, axis=1
-            )
-            v = jax.lax.dynamic_update_slice_in_dim(
-                cache_v, v.astype(cache_v.dtype), write_index, axis=1
-            )
+            # The every-layer cache [layers, B, S, K, H] is written in place at (layer,
+            # write_index) and this layer's slice read back: passing it through the layer scan's
+            # inputs and outputs instead made XLA copy the whole cache at every decode step.
+            cache_k, cache_v, layer = kv_cache
+            at = (layer, 0, write_index, 0, 0)
+            at = tuple(jnp.asarray(i, jnp.int32) for i in at)
+            cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype)[None], at)
+            cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype)[None], at)
+            new_kv = (cache_k, cache_v)
+            k = jax.lax.dynamic_index_in_dim(cache_k, layer, 0, keepdims=False)
+            v = jax.lax.dynamic_index_in_dim(cache_v, layer, 0, keepdims=False)
         k, v, scale = k.astype(self.dtype), v.astype(self.dtype), self.head_dim**-0.5
         if kv_cache is None and 0 < self.attention_chunk < q.shape[1]:
             # Without a cache the mask is causal (qwen3_vl.segment_mask).
@@ -89,7 +96,7 @@ class Attention(nnx.Module):
         y = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(self.dtype))
         if self.bias:
             y = y + self.o_bias[...].astype(self.dtype)
-        return y, (k, v)
+        return y, new_kv
 
 
 class MLP(nnx.Module):
@@ -186,54 +193,45 @@ class TextModel(nnx.Module):
         after the first n_ds layers; cache {"k", "v"} [layers, B, S, K, H] or None.
         Returns (hidden [B, T, D], new cache or None, per-layer outputs [layers, B, T, D] or None).
 
-        Long because its two closures (`layer_fn`, `run`) capture cos, sin, mask, the cache and
-        write_index, and the scans' outputs are reassembled here (the DeepStack stretch's and the
-        rest's caches and hidden states concatenated).
+        With a cache, every layer's cache rides in the scans' carry and each layer writes its new
+        k/v there in place (`Attention`), so a decode step touches only the slots it writes.
         """
         n_layers = self.config.num_hidden_layers
         x = self._constrain(x)
 
-        def layer_fn(layer, h, xs):
-            kv, ds = xs
+        def layer_fn(layer, carry, xs):
+            index, ds = xs
+            h, kv = carry if cache is not None else (carry, None)
             h = self._constrain(h)
-            h, new_kv = layer(h, cos, sin, mask, kv, write_index)
+            h, new_kv = layer(h, cos, sin, mask, None if kv is None else (*kv, index), write_index)
             out_h = h
             if ds is not None:
                 h = h + ds
-            return h, (
-                new_kv if cache is not None else None,
-                out_h if output_hidden_states else None,
-            )
-
-        def run(h, start, stop, ds):
-            kv = (
-                None
-                if cache is None
-                else jax.tree.map(lambda a: a[start:stop], (cache["k"], cache["v"]))
-            )
-            return scan_layers(
-                self.layers, h, layer_fn, xs=(kv, ds), start=start, stop=stop, remat=self.remat
-            )
+            carry = h if cache is None else (h, new_kv)
+            return carry, out_h if output_hidden_states else None
 
         n_ds = 0 if deepstack is None else deepstack.shape[0]
         # Two scans: the DeepStack stretch carries its features as scan inputs, the rest none.
+        # The cache (every layer's) rides in the carry, written in place by each layer.
         stretches = (
             [(0, n_ds, deepstack), (n_ds, n_layers, None)] if n_ds else [(0, n_layers, None)]
         )
+        carry = x if cache is None else (x, (cache["k"], cache["v"]))
         outputs = []
         for start, stop, ds in stretches:
-            x, ys = run(x, start, stop, ds)
+            index = jnp.arange(start, stop, dtype=jnp.int32)
+            carry, ys = scan_layers(
+                self.layers,
+                carry,
+                layer_fn,
+                xs=(index, ds),
+                start=start,
+                stop=stop,
+                remat=self.remat,
+            )
             outputs.append(ys)
-        new_cache, hidden_states = None, None
-        if cache is not None:
-            ks = [o[0][0] for o in outputs]
-            vs = [o[0][1] for o in outputs]
-            new_cache = {
-                "k": jnp.concatenate(ks) if len(ks) > 1 else ks[0],
-                "v": jnp.concatenate(vs) if len(vs) > 1 else vs[0],
-            }
-        if output_hidden_states:
-            hidden_states = jnp.concatenate([o[1] for o in outputs])
+        x, new_cache = (carry, None) if cache is None else (carry[0], dict(zip("kv", carry[1])))
+        hidden_states = jnp.concatenate(outputs) if output_hidden_states else None
         return self.norm(x), new_cache, hidden_states
 
     def _constrain(self, h):
