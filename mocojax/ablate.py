@@ -3,11 +3,18 @@
   python -m mocojax.ablate --grid paper --seeds 3 --workdir runs/ablate --dry-run   # the plan
   python -m mocojax.ablate --grid paper --seeds 3 --workdir runs/ablate             # run it
   python -m mocojax.ablate --grid tiny --seeds 1 --workdir /tmp/ablate_tiny         # every row, seconds each
+  python -m mocojax.ablate --grid default --seeds 3 --workdir runs/ablate_default   # on the default recipe
+
+Grids (ablate_rows.GRID_TABLE): "paper" builds every row on the paper's pipeline at toy size
+(configs/rl_method.py), "default" on the default command's learned-Judge recipe
+(configs/rl_method.py:default: the world's exact Generator, so the rows that need a learned one
+are left out and named in the table's notes); "tiny" / "default_tiny" are their 2-step runs.
 
 Per seed s (data seed s and init seed s, s = 1..--seeds) three SFT runs are shared by the rows
 that start from them, as the paper reuses its SFT checkpoints: the shared multi-role SFT (M2;
 theta_0 = phi_0 of every shared-init row), a Policy-only SFT (M1; the Policy of M3-M5) and a
-roles-only SFT (the separately initialised Generator / Judge of M3-M5). Each RL row runs in
+roles-only SFT (the separately initialised Generator / Judge of M3-M5; on the default grid the
+Judge alone). Each RL row runs in
 <workdir>/rows/<row>/seed<s> on a copy of its SFT run's checkpoints/sft (the README's "RL from an
 existing SFT checkpoint"), with stages ("rl", "eval") and the eval scoring the RL Policy.
 
@@ -32,6 +39,9 @@ import numpy as np
 
 # Split out (move only, #14); re-exported so `ablate.<name>` keeps working.
 from mocojax.ablate_rows import (  # noqa: F401
+    DEFAULT_ROWS,
+    DEFAULT_SFT_KINDS,
+    GRID_TABLE,
     METRICS,
     PAPER_M8,
     ROW_NAMES,
@@ -44,7 +54,7 @@ from mocojax.ablate_rows import (  # noqa: F401
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GRIDS = ("paper", "tiny")
+GRIDS = tuple(GRID_TABLE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +68,7 @@ class Run:
     config: str
     overrides: tuple
     sft_from: str = ""  # RL: the SFT run whose checkpoints/sft it copies
+    arg: str = ""  # the config's arg (configs/rl_method.py: the pipeline, tiny or not)
 
     @property
     def result_path(self):
@@ -65,10 +76,8 @@ class Run:
 
     def command(self):
         """Returns the equivalent `python -m mocojax.main` command line."""
-        arg = ":tiny" if dict(self.overrides).get("__tiny__") else ""
-        flags = " ".join(
-            f"--config.{k}={_flag_value(v)}" for k, v in self.overrides if k != "__tiny__"
-        )
+        arg = f":{self.arg}" if self.arg else ""
+        flags = " ".join(f"--config.{k}={_flag_value(v)}" for k, v in self.overrides)
         return f"python -m mocojax.main --config configs/{self.config}.py{arg} --workdir {self.workdir} {flags}"
 
 
@@ -89,19 +98,21 @@ def plan(grid, seeds, root, rows=None):
 
     rows: names of the rows to plan (default all); an alias row plans its target's runs.
     """
-    if grid not in GRIDS:
-        raise ValueError(f"--grid {grid!r}: must be one of {GRIDS}")
+    g = grid_of(grid)
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise ValueError(f"--seeds {seeds!r}: must be a positive int")
-    names = list(rows) if rows else list(ROW_NAMES)
-    unknown = [n for n in names if n not in ROW_NAMES]
+    names = list(rows) if rows else list(g.row_names)
+    for name in names:
+        if name in g.excluded:
+            raise ValueError(f"row {name!r} is not in the {grid} grid: {g.excluded[name]}")
+    unknown = [n for n in names if n not in g.row_names]
     if unknown:
-        raise ValueError(f"unknown row(s) {unknown}; rows are {list(ROW_NAMES)}")
-    by_name = {r.name: r for r in ROWS}
+        raise ValueError(f"unknown row(s) {unknown}; rows are {list(g.row_names)}")
+    by_name = {r.name: r for r in g.rows}
     chosen = [by_name[by_name[n].same_as] if by_name[n].same_as else by_name[n] for n in names]
     chosen = list(dict.fromkeys(chosen))
     root = os.path.abspath(root)
-    extra = (("__tiny__", True),) + TINY_OVERRIDES if grid == "tiny" else ()
+    extra = TINY_OVERRIDES if g.tiny else ()
     runs = []
     for seed in range(1, seeds + 1):
         common = (("seed", seed), ("data.seed", seed))
@@ -116,8 +127,9 @@ def plan(grid, seeds, root, rows=None):
                     "rl_method",
                     extra
                     + common
-                    + tuple(SFT_KINDS[kind].items())
+                    + tuple(g.sft_kinds[kind].items())
                     + (("stages", ("sft", "eval")), ("eval.stage", "sft")),
+                    arg=g.config_arg,
                 )
             )
         for row in chosen:
@@ -141,9 +153,17 @@ def plan(grid, seeds, root, rows=None):
                     + roles
                     + (("stages", ("rl", "eval")), ("eval.stage", "rl")),
                     sft_from=sft_workdir(root, row.sft, seed),
+                    arg=g.config_arg,
                 )
             )
     return runs
+
+
+def grid_of(grid):
+    """Returns the Grid named grid (GRID_TABLE), or a ValueError naming the grids."""
+    if grid not in GRID_TABLE:
+        raise ValueError(f"--grid {grid!r}: must be one of {GRIDS}")
+    return GRID_TABLE[grid]
 
 
 def _set(config, key, value):
@@ -157,13 +177,12 @@ def _set(config, key, value):
 
 
 def load_config(run):
-    """Returns the run's ConfigDict: configs/<config>.py[:tiny] with the overrides applied."""
+    """Returns the run's ConfigDict: configs/<config>.py[:<arg>] with the overrides applied."""
     if REPO not in sys.path:
         sys.path.insert(0, REPO)
     module = importlib.import_module(f"configs.{run.config}")
-    overrides = dict(run.overrides)
-    config = module.get_config("tiny" if overrides.pop("__tiny__", False) else "")
-    for key, value in overrides.items():
+    config = module.get_config(run.arg)
+    for key, value in run.overrides:
         _set(config, key, value)
     return config
 
@@ -263,10 +282,12 @@ def _stats(values):
     return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
-def aggregate(results, seeds, rows=None):
-    """Returns {row name: {"what", "seeds", "mean", "std", "paper", "tracking_error"}} per row."""
-    names = list(rows) if rows else list(ROW_NAMES)
-    by_name = {r.name: r for r in ROWS}
+def aggregate(results, seeds, rows=None, grid="paper"):
+    """Returns {row name: {"what", "seeds", "mean", "std", "paper", "tracking_error"}} per row
+    of the grid (rows: those names only)."""
+    g = grid_of(grid)
+    names = list(rows) if rows else list(g.row_names)
+    by_name = {r.name: r for r in g.rows}
     table = {}
     for name in names:
         row = by_name[name]
@@ -389,6 +410,16 @@ def plot_tracking(table, path, size=(640, 400)):
     return [label for label, _, _ in series]
 
 
+def excluded_note(grid):
+    """Returns the table note naming the paper rows the grid has no counterpart for ("" if none)."""
+    excluded = grid_of(grid).excluded
+    if not excluded:
+        return ""
+    return (
+        f"Not in the {grid} grid: " + "; ".join(f"{n} ({why})" for n, why in excluded.items()) + "."
+    )
+
+
 def write_outputs(root, grid, seeds, table, wall_s, note=""):
     """Writes results.json, results.md and tracking_error.png into root."""
     with open(os.path.join(root, "results.json"), "w") as f:
@@ -400,7 +431,13 @@ def write_outputs(root, grid, seeds, table, wall_s, note=""):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--grid", choices=GRIDS, default="paper")
+    parser.add_argument(
+        "--grid",
+        choices=GRIDS,
+        default="paper",
+        help="the pipeline the rows build on: paper, default (the default command's recipe), "
+        "or their 2-step tiny runs",
+    )
     parser.add_argument("--seeds", type=int, default=3, help="data / init seeds 1..N")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--rows", default="", help="comma-separated row names (default: all)")
@@ -420,13 +457,16 @@ def main(argv=None):
             sft = f"  (SFT from {run.sft_from})" if run.sft_from else ""
             print(f"{run.kind:3s} {run.name:22s} seed {run.seed}  [{state}]{sft}")
             print(f"    {run.command()}")
-        for r in ROWS:
+        grid = grid_of(args.grid)
+        for r in grid.rows:
             if rows is not None and r.name not in rows:
                 continue
             if r.same_as:
                 print(f"row {r.name} reuses the runs of {r.same_as}")
             elif r.sft_only:
                 print(f"row {r.name} scores the SFT runs sft/{r.sft}/seed<s>")
+        for name, why in grid.excluded.items():
+            print(f"paper row {name} has no {args.grid}-grid counterpart: {why}")
         print(f"{len(runs)} runs")
         return runs
     start = time.perf_counter()
@@ -438,9 +478,10 @@ def main(argv=None):
     results = execute(runs)
     # Wall time of every run, resumed ones included (their earlier part is not counted).
     wall = sum(r["wall_s"] for r in results.values())
-    table = aggregate(results, args.seeds, rows)
-    write_outputs(root, args.grid, args.seeds, table, wall)
-    print(markdown_table(table, args.seeds))
+    table = aggregate(results, args.seeds, rows, args.grid)
+    note = excluded_note(args.grid)
+    write_outputs(root, args.grid, args.seeds, table, wall, note)
+    print(markdown_table(table, args.seeds, note))
     print(f"grid wall time (this invocation): {time.perf_counter() - start:.0f} s")
     return runs
 

@@ -1,5 +1,6 @@
 """The ablation grid's rows: the SFT runs they start from (SFT_KINDS), Row and every row of the
 table (ROWS: the paper's ablations and baselines, the (m, H) grid) with the paper's numbers, the
+grids (GRID_TABLE: the paper's pipeline and the default command's recipe, each also tiny), the
 rows the tracking-error plot draws, the tiny runs' overrides and the tabulated METRICS. Split from
 mocojax/ablate.py, which re-exports these names (docs/ablations.md has what each row means)."""
 
@@ -133,6 +134,65 @@ ROWS = (
     ),
 )
 ROW_NAMES = tuple(r.name for r in ROWS)
+
+# The default command's recipe (configs/toyworld.py) learns the Policy and the Judge only: its
+# role SFT mixes Policy and Judge records 5:1 and RL takes its rubrics from the world's exact
+# Generator, so the rows that need a learned Generator have no counterpart on it, and EMA on the
+# Judge alone is the method itself.
+DEFAULT_SFT_KINDS = {
+    "shared": {"data.mix": (5, 0, 1)},  # the recipe's role SFT, scored (M2)
+    "policy_only": {"data.mix": (5, 0, 0)},
+    "roles_only": {"data.mix": (0, 0, 1)},  # the separately initialised Judge of M3-M5
+}
+DEFAULT_EXCLUDED = {
+    "role_generator_ema": "EMA on a learned Generator: the recipe's Generator is the world's exact one",
+    "evolm": "trains a learned Generator on the Policy's parameters: the recipe has none",
+}
+DEFAULT_SAME = {"role_judge_ema": "M8_method"}  # the Generator is exact: EMA on the Judge = M8
+
+
+def _default_rows():
+    rows = []
+    for row in ROWS:
+        if row.name in DEFAULT_EXCLUDED:
+            continue
+        if row.name in DEFAULT_SAME:
+            row = dataclasses.replace(
+                row,
+                what=f"{row.what} (= M8: the Generator is the world's exact one)",
+                config="rl_method",
+                same_as=DEFAULT_SAME[row.name],
+            )
+        rows.append(row)
+    return tuple(rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """A grid: the arg every row's config takes (configs/rl_method.py), its SFT runs, its rows,
+    the paper rows it has no counterpart for (name -> why) and whether its runs are short."""
+
+    name: str
+    config_arg: str
+    sft_kinds: dict
+    rows: tuple
+    excluded: dict
+    tiny: bool = False
+
+    @property
+    def row_names(self):
+        return tuple(r.name for r in self.rows)
+
+
+DEFAULT_ROWS = _default_rows()
+GRID_TABLE = {
+    "paper": Grid("paper", "", SFT_KINDS, ROWS, {}),
+    "tiny": Grid("tiny", "tiny", SFT_KINDS, ROWS, {}, tiny=True),
+    "default": Grid("default", "default", DEFAULT_SFT_KINDS, DEFAULT_ROWS, DEFAULT_EXCLUDED),
+    "default_tiny": Grid(
+        "default_tiny", "default_tiny", DEFAULT_SFT_KINDS, DEFAULT_ROWS, DEFAULT_EXCLUDED, True
+    ),
+}
 # Rows whose tracking error the plot draws: m = 0.9, 0.99, 0.999 at H = 1, and frozen roles.
 TRACKING_ROWS = {
     "m = 0.9": "grid_m0.9_H1",
@@ -140,7 +200,7 @@ TRACKING_ROWS = {
     "m = 0.999": "grid_m0.999_H1",
     "frozen": "M6_shared_frozen",
 }
-# Short runs for tests: every row's `:tiny` config, 2 SFT steps and 2 RL updates.
+# Short runs for tests (the tiny grids): 2 SFT steps and 2 RL updates of every row's tiny config.
 TINY_OVERRIDES = (
     ("sft.num_steps", 2),
     ("sft.eval_every", 2),

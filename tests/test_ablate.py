@@ -224,3 +224,74 @@ def test_tiny_grid_resumes(tiny_grid, monkeypatch):
         steps = [r["step"] for r in map(json.loads, f) if r["stage"] == "rl" and r["step"] > 0]
     assert steps == [1, 2]  # resumed at step 2: no update ran twice
     assert (row_dir / "ablate_result.json").exists()
+
+
+# --- the grid on the default command's recipe -----------------------------------------------
+
+
+def test_default_grid_plans_the_recipes_rows_and_names_the_ones_it_leaves_out(tmp_path, capsys):
+    from configs import toyworld
+
+    runs = ablate.main(
+        ["--grid", "default", "--seeds", "2", "--workdir", str(tmp_path), "--dry-run"]
+    )
+    out = capsys.readouterr().out
+    grid = ablate.GRID_TABLE["default"]
+    names = grid.row_names
+    # Rows that need a learned Generator are out, and said to be; EMA on the Judge alone is M8.
+    assert "role_generator_ema" not in names and "evolm" not in names
+    assert "paper row evolm has no default-grid counterpart" in out
+    assert "row role_judge_ema reuses the runs of M8_method" in out
+    assert set(names) == set(ablate.ROW_NAMES) - {"role_generator_ema", "evolm"}
+    run_rows = [r for r in grid.rows if not r.sft_only and not r.same_as]
+    assert len(runs) == 2 * (len(grid.sft_kinds) + len(run_rows))
+    # Every run builds on the default command's recipe: its config, its own SFT mix as M2.
+    recipe = toyworld.get_config("")
+    assert grid.sft_kinds["shared"]["data.mix"] == tuple(recipe.data.mix)
+    for run in runs:
+        assert run.arg == "default" and f"configs/{run.config}.py:default " in run.command()
+        config = ablate.load_config(run)
+        config_utils.validate(config, main_lib.STAGES)
+        # the world's exact Generator (RubiCap's rubrics are its committee's: no Generator runs)
+        assert config.rl.generator == "exact" or config.rl.rubrics == "committee"
+        assert config.model.init_from == recipe.model.init_from
+        assert config.data.judge_per_item == recipe.data.judge_per_item
+        assert "export" not in config.stages
+    by_name = {r.name: r for r in runs if r.seed == 1}
+    assert dict(by_name["policy_only"].overrides)["data.mix"] == (5, 0, 0)
+    assert dict(by_name["roles_only"].overrides)["data.mix"] == (0, 0, 1)  # a Judge alone
+    assert ablate.load_config(by_name["M6_shared_frozen"]).rl.momentum == 1.0
+    assert ablate.load_config(by_name["rubicap"]).rl.rubrics == "committee"
+    with pytest.raises(ValueError, match="not in the default grid: trains a learned Generator"):
+        ablate.plan("default", 1, str(tmp_path), ["evolm"])
+    assert not os.listdir(tmp_path)
+    assert "Not in the default grid: role_generator_ema" in ablate.excluded_note("default")
+    assert ablate.excluded_note("paper") == ""
+
+
+def test_default_tiny_grid_runs_every_kind_of_row(tmp_path):
+    """Every default-grid row but the (m, H) grid's (M8 with two other numbers, whose configs the
+    dry-run test validates) runs 2 SFT steps + 2 updates from the recipe's tiny config."""
+    grid = ablate.GRID_TABLE["default_tiny"]
+    names = [n for n in grid.row_names if not n.startswith("grid_")]
+    ablate.main(
+        ["--grid", "default_tiny", "--seeds", "1", "--workdir", str(tmp_path)]
+        + ["--rows", ",".join(names)]
+    )
+    with open(tmp_path / "results.json") as f:
+        results = json.load(f)
+    assert results["grid"] == "default_tiny" and list(results["rows"]) == names
+    for name, row in results["rows"].items():
+        assert set(row["seeds"]) == {"1"}, name
+        assert 0.0 <= row["mean"]["f1"] <= 1.0, name
+    for row in grid.rows:
+        if row.sft_only or row.same_as or row.name not in names:
+            continue
+        with open(tmp_path / "rows" / row.name / "seed1" / "metrics.jsonl") as f:
+            rl_rows = [r for r in map(json.loads, f) if r["stage"] == "rl" and r["step"] > 0]
+        assert [r["step"] for r in rl_rows] == [1, 2], row.name
+        # the exact Generator's rubrics (or RubiCap's committee): every item readable
+        assert all(r["true/rubric_item_unreadable"] == 0.0 for r in rl_rows), row.name
+    text = (tmp_path / "results.md").read_text()
+    assert text.count("\n| ") == len(names)
+    assert "Not in the default_tiny grid: role_generator_ema" in text
