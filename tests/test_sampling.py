@@ -3,6 +3,7 @@ prefill / shared prefix, sampling statistics, bucketing and errors (tiny random 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -331,6 +332,30 @@ def test_deterministic_for_an_rng_and_all_eos_stops_at_once(pair):
     assert (np.asarray(every.tokens)[:, 1:] == -1).all() and (
         np.asarray(every.logprobs)[:, 1:] == 0
     ).all()
+
+
+def test_decode_writes_the_cache_in_place(pair):
+    """The compiled decode loop holds no copy, fill or concatenation of the whole KV cache: each
+    step writes its token's k/v in place (passing the cache through the layer scan's inputs and
+    outputs made XLA copy all of it at every decoded token, docs/performance.md)."""
+    _, params = pair
+    ids, mask, _, _ = _prompts("text")
+    prefix = sampling.prefill(CFG, params, ids, mask, reserve=37)
+    sampler, rng = sampling._sampler(5, 0.0, 0, 1.0, (), 0, None)
+    hlo = (
+        sampling.decode_jit.lower(
+            CFG, prefix.cache, params, dataclasses.replace(prefix, cache=None), rng, sampler=sampler
+        )
+        .compile()
+        .as_text()
+    )
+    whole = "f32[" + ",".join(map(str, prefix.cache["k"].shape)) + "]"
+    assert f"= {whole}" in hlo  # the cache is in the program (as the loop's state)
+    ops = (" copy(", " broadcast(", " concatenate(")
+    copies = [
+        line for line in hlo.splitlines() if f"= {whole}" in line and any(o in line for o in ops)
+    ]
+    assert copies == []
 
 
 def test_prompt_buckets_bound_the_compiled_programs(pair):
