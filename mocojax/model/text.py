@@ -68,25 +68,33 @@ class Attention(nnx.Module):
         return y + getattr(self, f"{name}_bias")[...].astype(self.dtype) if self.bias else y
 
     def __call__(self, x, cos, sin, mask, kv_cache, write_index):
-        """Returns (out [B, T, D], (k, v)): the new k/v [B, T, K, H], or with kv_cache (k, v, layer)
-        (every layer's cache [layers, B, S, K, H] and this layer's index) that cache with the new
-        k/v written at (layer, write_index)."""
+        """Returns (out [B, T, D], (k, v)): without kv_cache the new k/v [B, T, K, H]; with
+        kv_cache (k, v) (this layer's cache [B, S, K, H]) that cache with the new k/v written at
+        write_index; with kv_cache (k, v, layer) (every layer's cache [layers, B, S, K, H] and
+        this layer's index) that cache with the new k/v written at (layer, write_index)."""
         q = apply_rotary(self.q_norm(self._proj(x, "q")), cos, sin)
         k = apply_rotary(self.k_norm(self._proj(x, "k")), cos, sin)
         v = self._proj(x, "v")
         new_kv = (k, v)
-        if kv_cache is not None:
-            # The every-layer cache [layers, B, S, K, H] is written in place at (layer,
-            # write_index) and this layer's slice read back: passing it through the layer scan's
-            # inputs and outputs instead made XLA copy the whole cache at every decode step.
+        if kv_cache is not None and len(kv_cache) == 3:
+            # A decode step (TextModel.decode): the every-layer cache is written in place and
+            # this layer's slice read back.
             cache_k, cache_v, layer = kv_cache
-            at = (layer, 0, write_index, 0, 0)
-            at = tuple(jnp.asarray(i, jnp.int32) for i in at)
+            at = tuple(jnp.asarray(i, jnp.int32) for i in (layer, 0, write_index, 0, 0))
             cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype)[None], at)
             cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype)[None], at)
             new_kv = (cache_k, cache_v)
             k = jax.lax.dynamic_index_in_dim(cache_k, layer, 0, keepdims=False)
             v = jax.lax.dynamic_index_in_dim(cache_v, layer, 0, keepdims=False)
+        elif kv_cache is not None:
+            cache_k, cache_v = kv_cache
+            k = jax.lax.dynamic_update_slice_in_dim(
+                cache_k, k.astype(cache_k.dtype), write_index, axis=1
+            )
+            v = jax.lax.dynamic_update_slice_in_dim(
+                cache_v, v.astype(cache_v.dtype), write_index, axis=1
+            )
+            new_kv = (k, v)
         k, v, scale = k.astype(self.dtype), v.astype(self.dtype), self.head_dim**-0.5
         if kv_cache is None and 0 < self.attention_chunk < q.shape[1]:
             # Without a cache the mask is causal (qwen3_vl.segment_mask).
@@ -193,45 +201,68 @@ class TextModel(nnx.Module):
         after the first n_ds layers; cache {"k", "v"} [layers, B, S, K, H] or None.
         Returns (hidden [B, T, D], new cache or None, per-layer outputs [layers, B, T, D] or None).
 
-        With a cache, every layer's cache rides in the scans' carry and each layer writes its new
-        k/v there in place (`Attention`), so a decode step touches only the slots it writes.
+        The cache of a one-token step (a decode step) rides in the scans' carry and each layer
+        writes its token's k/v there in place: passed through the scans' inputs and outputs, XLA
+        copied the whole cache at every decoded token. Longer inputs (prefill, extend, the RL
+        update's scoring) pass each layer its slice as a scan input: differentiated with remat,
+        a carried cache would be saved whole at every layer (3.4x the gradient's temporary
+        memory measured on 12 layers, docs/performance.md).
         """
         n_layers = self.config.num_hidden_layers
         x = self._constrain(x)
+        in_place = cache is not None and x.shape[1] == 1
 
         def layer_fn(layer, carry, xs):
-            index, ds = xs
-            h, kv = carry if cache is not None else (carry, None)
-            h = self._constrain(h)
-            h, new_kv = layer(h, cos, sin, mask, None if kv is None else (*kv, index), write_index)
+            index, kv, ds = xs
+            if in_place:
+                carry, kv = carry[0], (*carry[1], index)
+            h = self._constrain(carry)
+            h, new_kv = layer(h, cos, sin, mask, kv, write_index)
             out_h = h
             if ds is not None:
                 h = h + ds
-            carry = h if cache is None else (h, new_kv)
-            return carry, out_h if output_hidden_states else None
+            ys = (
+                None if in_place or cache is None else new_kv,
+                out_h if output_hidden_states else None,
+            )
+            return ((h, new_kv) if in_place else h), ys
 
         n_ds = 0 if deepstack is None else deepstack.shape[0]
         # Two scans: the DeepStack stretch carries its features as scan inputs, the rest none.
-        # The cache (every layer's) rides in the carry, written in place by each layer.
         stretches = (
             [(0, n_ds, deepstack), (n_ds, n_layers, None)] if n_ds else [(0, n_layers, None)]
         )
-        carry = x if cache is None else (x, (cache["k"], cache["v"]))
+        carry = (x, (cache["k"], cache["v"])) if in_place else x
         outputs = []
         for start, stop, ds in stretches:
             index = jnp.arange(start, stop, dtype=jnp.int32)
+            kv = (
+                jax.tree.map(lambda a: a[start:stop], (cache["k"], cache["v"]))
+                if cache is not None and not in_place
+                else None
+            )
             carry, ys = scan_layers(
                 self.layers,
                 carry,
                 layer_fn,
-                xs=(index, ds),
+                xs=(index, kv, ds),
                 start=start,
                 stop=stop,
                 remat=self.remat,
             )
             outputs.append(ys)
-        x, new_cache = (carry, None) if cache is None else (carry[0], dict(zip("kv", carry[1])))
-        hidden_states = jnp.concatenate(outputs) if output_hidden_states else None
+        new_cache, hidden_states = None, None
+        if in_place:
+            carry, new_cache = carry[0], dict(zip("kv", carry[1]))
+        elif cache is not None:
+            ks, vs = zip(*(o[0] for o in outputs))
+            new_cache = {
+                "k": jnp.concatenate(ks) if len(ks) > 1 else ks[0],
+                "v": jnp.concatenate(vs) if len(vs) > 1 else vs[0],
+            }
+        if output_hidden_states:
+            hidden_states = jnp.concatenate([o[1] for o in outputs])
+        x = carry
         return self.norm(x), new_cache, hidden_states
 
     def _constrain(self, h):
