@@ -12,6 +12,11 @@ from configs import rl_method
 
 def get_config(arg=""):
     """Returns configs/rl_method.py with EvoLM's alternating Policy / Generator updates."""
+    if arg.startswith("default"):
+        raise ValueError(
+            f"configs/rl_evolm.py:{arg}: training a learned Generator has no counterpart on the default "
+            "recipe, whose Generator is the world's exact one (docs/ablations.md)"
+        )
     config = rl_method.get_config(arg)
     config.rl.train_generator = True
     config.rl.generator = "policy"  # the Generator IS the Policy's parameters

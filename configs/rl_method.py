@@ -31,9 +31,8 @@ def get_config(arg=""):
         config = toyworld.get_config("")
     elif arg == "default_tiny":
         config = toyworld_judge.get_config("tiny")
-        config.sft.init_stage = (
-            ""  # role SFT from the tiny model itself, as "default" from its base
-        )
+        # role SFT from the tiny model itself (no warm-up stage), as "default" from its base
+        config.sft.init_stage = ""
     else:
         raise ValueError(f"configs/rl_method.py: unknown arg {arg!r}; known: {ARGS}")
     config.stages = ("sft", "rl", "eval")

@@ -265,6 +265,11 @@ def test_default_grid_plans_the_recipes_rows_and_names_the_ones_it_leaves_out(tm
     with pytest.raises(ValueError, match="not in the default grid: trains a learned Generator"):
         ablate.plan("default", 1, str(tmp_path), ["evolm"])
     assert not os.listdir(tmp_path)
+    from configs import rl_evolm, rl_generator_ema
+
+    for excluded in (rl_evolm, rl_generator_ema):  # refused on the recipe, with the reason
+        with pytest.raises(ValueError, match="no counterpart on the default recipe"):
+            excluded.get_config("default")
     assert "Not in the default grid: role_generator_ema" in ablate.excluded_note("default")
     assert ablate.excluded_note("paper") == ""
 
