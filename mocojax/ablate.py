@@ -39,8 +39,6 @@ import numpy as np
 
 # Split out (move only, #14); re-exported so `ablate.<name>` keeps working.
 from mocojax.ablate_rows import (  # noqa: F401
-    DEFAULT_ROWS,
-    DEFAULT_SFT_KINDS,
     GRID_TABLE,
     METRICS,
     PAPER_M8,

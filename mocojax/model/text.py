@@ -235,7 +235,8 @@ class TextModel(nnx.Module):
         carry = (x, (cache["k"], cache["v"])) if in_place else x
         outputs = []
         for start, stop, ds in stretches:
-            index = jnp.arange(start, stop, dtype=jnp.int32)
+            # in place: each layer's index into the carried cache; else: its slice as an input
+            index = jnp.arange(start, stop, dtype=jnp.int32) if in_place else None
             kv = (
                 jax.tree.map(lambda a: a[start:stop], (cache["k"], cache["v"]))
                 if cache is not None and not in_place
