@@ -6,19 +6,21 @@ parsed output is replaced by a fixed rubric and patterned decisions whose reward
 every group. Everything after that (advantages, GRPO update, EMA, diagnostics, logs) is real.
 """
 
+import dataclasses
 import importlib.util
 import json
 import os
 
 import jax
 import numpy as np
+import optax
 import pytest
 import rl_patterns
 
-from mocojax import config_utils, losses, momentum
+from mocojax import config_utils, losses, momentum, sharding as sharding_lib
 from mocojax.data import toyroles, toyworld as tw
 from mocojax.eval import toyworld_eval
-from mocojax.train import rl, rl_config, rl_evals, rollout as rollout_lib
+from mocojax.train import rl, rl_config, rl_evals, rl_update, rollout as rollout_lib
 
 CONFIGS = os.path.join(os.path.dirname(__file__), os.pardir, "configs")
 
@@ -501,3 +503,91 @@ def test_per_item_judge_asks_one_item_per_row_in_rl(tmp_path, monkeypatch, form)
     gate = rows_logged[0]
     assert gate["step"] == 0 and gate["gate/judge_num_items"] > 0
     assert rows_logged[-1]["step"] == 1
+
+
+def test_update_length_by_hand():
+    assert rl_update.update_length(np.array([3, 17]), 64, 16) == 32
+    assert rl_update.update_length(np.array([16]), 64, 16) == 16
+    assert rl_update.update_length(np.array([0, 0]), 64, 16) == 16  # never an empty axis
+    assert rl_update.update_length(np.array([60]), 64, 48) == 64  # capped at the sampler's room
+    assert rl_update.update_length(np.array([5]), 64, 0) == 64  # 0: the sampler's room, as before
+    config = _toy_config()
+    config.rl.update_length_multiple = -1
+    with pytest.raises(ValueError, match="update_length_multiple"):
+        rl_config.validate(config.rl)
+
+
+def test_trimmed_update_is_the_untrimmed_update(tmp_path):
+    """The GRPO step on a batch cut to the longest caption (rounded up to the multiple) gives the
+    loss, metrics and new params of the step on the sampler's whole axis: the cut positions are
+    padding the loss never reads. Cutting one real token too many changes the loss."""
+    from mocojax import roles
+    from mocojax.data import records as records_lib
+    from mocojax.train import state as state_lib
+
+    config = _toy_config()
+    config.rl.warmup_ratio = 0.0  # step 1 moves the params
+    config.rl.kl_beta = 0.05  # the default job's KL term, with its reference forward
+    setup = config_utils.build_setup(config, str(tmp_path))
+    params, cfg, settings = setup.load_params(), setup.model_config, config.rl
+    group = toyroles.image_records(config.data.seed, settings.images_per_step)
+    images = [
+        records_lib.example_image({"role": "policy", **r}, config.data.image_size) for r in group
+    ]
+    prompt = setup.processor([roles.policy_messages(image) for image in images], mode="generate")
+    rows, n, width = settings.images_per_step * settings.num_samples, settings.num_samples, 12
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 6, rows)
+    lengths[0] = 5  # the longest caption: 5 tokens -> an axis of 8 at multiple 4
+    rollout = rollout_lib.Rollout(
+        ids=[r["id"] for r in group],
+        prompt=prompt,
+        tokens=rng.integers(20, 200, size=(rows, width)),
+        logprobs=(-rng.uniform(0.5, 6.0, (rows, width))).astype(np.float32),
+        lengths=lengths,
+        captions=[[""] * n] * len(group),
+        subsets=np.zeros((len(group), 1), int),
+        rubric_texts=[""] * len(group),
+        rubrics=[[]] * len(group),
+        generator_problems=[[]] * len(group),
+        decisions=[[]] * len(group),
+        judge_problems=np.zeros((len(group), n)),
+        rewards=rng.uniform(size=(len(group), n)).astype(np.float32),
+        rubric_ok=np.ones(len(group), bool),
+    )
+    # plain SGD: the step moves the params by -lr * gradient (Adam's first step maps a gradient's
+    # rounding, where |g| ~ eps, to a large share of lr); lr 1e4 lifts the ~1e-6 gradients well
+    # above the params' own float32 spacing, so params - new params reads the gradient exactly
+    optimizer = optax.sgd(1e4)
+    step = rl.make_grpo_step(cfg, optimizer, settings)
+    mesh = sharding_lib.make_mesh(None)
+
+    def update(multiple):
+        settings.update_length_multiple = multiple
+        batch = rl.train_batch(cfg, rollout, settings, rl.advantages(rollout, settings))
+        state = state_lib.init_state(jax.tree.map(np.array, params), optimizer, jax.random.key(0))
+        new, metrics = step(state, rl.place_batch(mesh, batch), params)
+        return batch["completion"].shape[-1], jax.device_get((new["params"], metrics))
+
+    full_width, (full_params, full) = update(0)
+    cut_width, (cut_params, cut) = update(4)
+    assert (full_width, cut_width) == (width, 8)
+    assert float(full["update_norm"]) > 0
+    for key in ("loss", "pg_loss", "kl", "ratio_mean", "update_norm"):
+        np.testing.assert_allclose(cut[key], full[key], rtol=1e-5, atol=1e-7, err_msg=key)
+    for p, a, b in zip(*map(jax.tree.leaves, (params, cut_params, full_params))):
+        grad_cut, grad_full = np.asarray(p) - a, np.asarray(p) - b
+        scale = np.abs(grad_full).max()
+        np.testing.assert_allclose(grad_cut, grad_full, rtol=1e-5, atol=1e-5 * scale)
+
+    # the check can fail: a batch that loses the longest captions' last real token (the axis cut
+    # to 4, as rounding down would) scores another loss
+    lost = dataclasses.replace(
+        rollout, tokens=rollout.tokens[:, :4], logprobs=rollout.logprobs[:, :4]
+    )
+    settings.update_length_multiple = 0
+    batch = rl.train_batch(cfg, lost, settings, rl.advantages(lost, settings))
+    state = state_lib.init_state(jax.tree.map(np.array, params), optimizer, jax.random.key(0))
+    lost_metrics = jax.device_get(step(state, rl.place_batch(mesh, batch), params)[1])
+    lost_ratio, full_ratio = float(lost_metrics["ratio_mean"]), float(full["ratio_mean"])
+    assert abs(lost_ratio - full_ratio) > 1e-3 * abs(full_ratio)

@@ -41,6 +41,10 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.num_samples = 8  # N captions per image (paper: 16)
     rl.subset_size = 4  # M captions shown to the Generator (paper: 4)
     rl.num_scenes = 0  # toy world: RL images are training scenes 0..num_scenes-1 (0: all of them)
+    # The update's caption axis: the batch's longest caption rounded up to a multiple of this
+    # (at most max_new_tokens), so the gradient step pays for caption tokens, not the sampler's
+    # room; few shapes compile (max_new_tokens / multiple). 0: always max_new_tokens.
+    rl.update_length_multiple = 16
 
     # The Policy's optimiser: AdamW settings come from config.optimizer, these override its
     # schedule (paper: lr 1e-6, cosine, 5% warmup).
@@ -212,7 +216,7 @@ def validate(rl) -> None:
         value = rl[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             _fail(key, value, "must be a positive int")
-    for key in ("num_scenes", "eval_every", "top_k", "gaming_window"):
+    for key in ("num_scenes", "eval_every", "top_k", "gaming_window", "update_length_multiple"):
         if not isinstance(rl[key], int) or rl[key] < 0:
             _fail(key, rl[key], "must be an int >= 0")
     if rl.subset_size > rl.num_samples:

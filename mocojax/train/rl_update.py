@@ -39,12 +39,16 @@ def train_batch(cfg, rollout, rl, advantages):
 
     advantages [G, N] (`advantages`, zero for groups without signal). Micro-batch a holds G / A
     whole groups: "prompt" a sampling.Prompt of their images and Policy prompts (each encoded
-    once for its N captions), and for their b = G / A * N captions of T tokens: "completion",
+    once for its N captions), and for their b = G / A * N captions of T tokens (T =
+    `update_length`: the longest caption, rounded up to rl.update_length_multiple): "completion",
     "old_logprobs", "mask" [A, b, T] (zero rows for groups without signal) and "advantages"
     [A, b]. "weight" [A] makes sum_a weight_a * loss_a the loss of the whole batch.
     """
     prompt = rollout.prompt
-    num_groups, num_new = len(rollout.ids), rollout.tokens.shape[1]
+    num_groups = len(rollout.ids)
+    num_new = update_length(
+        rollout.lengths, rollout.tokens.shape[1], rl.get("update_length_multiple", 0)
+    )
     grid = np.asarray(prompt["image_grid_thw"]).reshape(-1, 3)
     if grid.shape[0] != num_groups:
         raise ValueError(
@@ -71,17 +75,30 @@ def train_batch(cfg, rollout, rl, advantages):
     prompts = [_pad_prompt(p, length, patches, row_len) for p in prompts]
 
     signal = np.repeat(rollout.has_signal, rl.num_samples)  # [G*N]
-    mask = rollout.completion_mask * signal[:, None]
+    mask = rollout.completion_mask[:, :num_new] * signal[:, None]
     rows = (rl.grad_accum_steps, -1)
     batch = {
         "prompt": step_lib.stack(prompts),
-        "completion": rollout.tokens.astype(np.int32).reshape(*rows, num_new),
-        "old_logprobs": rollout.logprobs.reshape(*rows, num_new),
+        "completion": rollout.tokens[:, :num_new].astype(np.int32).reshape(*rows, num_new),
+        "old_logprobs": rollout.logprobs[:, :num_new].reshape(*rows, num_new),
         "mask": mask.reshape(*rows, num_new),
         "advantages": np.asarray(advantages, np.float32).reshape(rows),
     }
     batch["weight"] = micro_weights(batch["mask"], rl.aggregation)
     return batch
+
+
+def update_length(lengths, max_new_tokens, multiple):
+    """Returns the update's caption axis: the longest of `lengths` (tokens per caption, EOS
+    included) rounded up to a multiple of `multiple`, at most max_new_tokens (all of it when
+    multiple is 0). Positions past every caption's end are padding, masked out of the loss, and a
+    caption's logprobs see only its own earlier tokens, so trimming them changes no number the
+    loss uses; it only stops the gradient step computing them (the sampler's 64-token room on
+    ~25-token toy captions was ~40% of the default job's update time, docs/performance.md)."""
+    if not multiple:
+        return max_new_tokens
+    longest = max(int(np.max(lengths, initial=0)), 1)
+    return min(max_new_tokens, -(-longest // multiple) * multiple)
 
 
 def advantages(rollout, rl):
