@@ -12,6 +12,7 @@ import json
 import os
 
 import jax
+import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -572,6 +573,12 @@ def test_trimmed_update_is_the_untrimmed_update(tmp_path):
     full_width, (full_params, full) = update(0)
     cut_width, (cut_params, cut) = update(4)
     assert (full_width, cut_width) == (width, 8)
+    # Dr. GRPO divides by the padded axis: its batch keeps the sampler's whole axis
+    drgrpo = ml_collections.ConfigDict(dict(settings, aggregation="seq_mean_token_sum_norm"))
+    assert (
+        rl.train_batch(cfg, rollout, drgrpo, rl.advantages(rollout, drgrpo))["completion"].shape[-1]
+        == width
+    )
     assert float(full["update_norm"]) > 0
     for key in ("loss", "pg_loss", "kl", "ratio_mean", "update_norm"):
         np.testing.assert_allclose(cut[key], full[key], rtol=1e-5, atol=1e-7, err_msg=key)

@@ -43,7 +43,8 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.num_scenes = 0  # toy world: RL images are training scenes 0..num_scenes-1 (0: all of them)
     # The update's caption axis: the batch's longest caption rounded up to a multiple of this
     # (at most max_new_tokens), so the gradient step pays for caption tokens, not the sampler's
-    # room; few shapes compile (max_new_tokens / multiple). 0: always max_new_tokens.
+    # room; few shapes compile (max_new_tokens / multiple). 0: always max_new_tokens (as with the
+    # aggregation "seq_mean_token_sum_norm", whose normaliser is that length).
     rl.update_length_multiple = 16
 
     # The Policy's optimiser: AdamW settings come from config.optimizer, these override its

@@ -46,9 +46,11 @@ def train_batch(cfg, rollout, rl, advantages):
     """
     prompt = rollout.prompt
     num_groups = len(rollout.ids)
-    num_new = update_length(
-        rollout.lengths, rollout.tokens.shape[1], rl.get("update_length_multiple", 0)
+    # Dr. GRPO's normaliser is the padded length itself (losses.grpo_loss): its axis stays whole
+    multiple = (
+        0 if rl.aggregation == FIXED_LENGTH_AGGREGATION else rl.get("update_length_multiple", 0)
     )
+    num_new = update_length(rollout.lengths, rollout.tokens.shape[1], multiple)
     grid = np.asarray(prompt["image_grid_thw"]).reshape(-1, 3)
     if grid.shape[0] != num_groups:
         raise ValueError(
@@ -86,6 +88,10 @@ def train_batch(cfg, rollout, rl, advantages):
     }
     batch["weight"] = micro_weights(batch["mask"], rl.aggregation)
     return batch
+
+
+# The aggregation whose loss divides by the padded caption axis (B x T), so T must not vary.
+FIXED_LENGTH_AGGREGATION = "seq_mean_token_sum_norm"
 
 
 def update_length(lengths, max_new_tokens, multiple):
