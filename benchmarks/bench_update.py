@@ -1,14 +1,14 @@
 """The default toy job's GRPO update on the sampler's whole caption axis against the axis cut to
 the batch's longest caption (`rl.update_length_multiple`, mocojax/train/rl_update.py).
 
-  python benchmarks/bench_update.py --repeats 5     # configs/toyworld.py, the shipped base
+  python benchmarks/bench_update.py --repeats 5     # configs/toyworld.py, the shipped base, multiple 16
   python benchmarks/bench_update.py --tiny          # seconds: the script's check
 
 One RL update's Policy captions (images_per_step images x N samples at the RL temperature, from
 the config's initial params), rewards drawn at random (the update's cost does not depend on
 them), then the jitted GRPO step (`rl.make_grpo_step`, KL reference forward included when
 rl.kl_beta > 0) on the batch that `rl.train_batch` builds with update_length_multiple = 0 (the
-sampler's max_new_tokens) and with the config's multiple. Times are the best of --repeats after
+sampler's max_new_tokens) and with --multiple (16). Times are the best of --repeats after
 one call that compiles; one process, side by side; the losses are printed to show both updates
 compute the same numbers.
 """
@@ -35,9 +35,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tiny", action="store_true", help="configs/toyworld.py:tiny (a check)")
+    parser.add_argument(
+        "--multiple", type=int, default=16, help="rl.update_length_multiple of the cut update"
+    )
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be >= 1")
+    if args.repeats < 1 or args.multiple < 1:
+        parser.error("--repeats and --multiple must be >= 1")
     config = toyworld.get_config("tiny" if args.tiny else "")
     rl = config.rl
     setup = config_utils.build_setup(config, tempfile.mkdtemp())
@@ -74,7 +77,7 @@ def main(argv=None):
         f"{rl.grad_accum_steps} micro-batches, kl_beta {rl.kl_beta}; best of {args.repeats}"
     )
     rows = {}
-    for name, multiple in (("whole axis", 0), ("cut", rl.update_length_multiple)):
+    for name, multiple in (("whole axis", 0), (f"cut (multiple {args.multiple})", args.multiple)):
         rl.update_length_multiple = multiple
         batch = rl_lib.place_batch(
             mesh, rl_lib.train_batch(cfg, samples, rl, rl_lib.advantages(samples, rl))

@@ -83,6 +83,9 @@ def get_config(arg=""):
     rl.end_lr_ratio = 0.0
     rl.momentum, rl.sync_every = 0.99, 1
     rl.max_new_tokens = 512  # detailed captions
+    # the update scores each batch's captions up to its longest, rounded up to 128 (at most 4
+    # shapes compile), not the sampler's 512-token room (docs/performance.md)
+    rl.update_length_multiple = 128
     rl.generator_max_new_tokens = 1024  # a rubric of ~10-25 weighted items
     rl.judge_max_new_tokens = 1024  # one decision and rationale per item
     rl.log_samples_every = 10

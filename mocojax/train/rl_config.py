@@ -43,9 +43,11 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.num_scenes = 0  # toy world: RL images are training scenes 0..num_scenes-1 (0: all of them)
     # The update's caption axis: the batch's longest caption rounded up to a multiple of this
     # (at most max_new_tokens), so the gradient step pays for caption tokens, not the sampler's
-    # room; few shapes compile (max_new_tokens / multiple). 0: always max_new_tokens (as with the
-    # aggregation "seq_mean_token_sum_norm", whose normaliser is that length).
-    rl.update_length_multiple = 16
+    # room; each width compiles once (up to max_new_tokens / multiple shapes). 0: always
+    # max_new_tokens (as with the aggregation "seq_mean_token_sum_norm", whose normaliser is that
+    # length). Off here: on the toy job (64-token room, ~20-token captions, 600 updates) the
+    # extra compiles (~23 s each on 2 cores) cost more than the cut saves (docs/performance.md).
+    rl.update_length_multiple = 0
 
     # The Policy's optimiser: AdamW settings come from config.optimizer, these override its
     # schedule (paper: lr 1e-6, cosine, 5% warmup).
