@@ -2,6 +2,8 @@
 Generator and Judge still run (real sampler, real prompts) but their parsed output is replaced
 by a fixed two-item rubric and decisions patterned so that rewards vary within every group."""
 
+import numpy as np
+
 from mocojax import roles
 from mocojax.train import rollout as rollout_lib
 
@@ -29,3 +31,33 @@ def patterned_roles(setattr_=setattr):
 
     setattr_(rollout_lib, "write_rubrics", fixed_rubric)
     setattr_(rollout_lib, "judge_captions", patterned_decisions)
+
+
+def toy_rollout(config, setup, tokens, logprobs, lengths, rewards):
+    """Returns a Rollout of config.rl.images_per_step toy images (the Policy's real prompts) with
+    the given caption tokens / logprobs / lengths [G*N, ...] and rewards [G, N], no rubric text:
+    what the GRPO update reads."""
+    from mocojax.data import records as records_lib, toyroles
+
+    group = toyroles.image_records(config.data.seed, config.rl.images_per_step)
+    images = [
+        records_lib.example_image({"role": "policy", **r}, config.data.image_size) for r in group
+    ]
+    prompt = setup.processor([roles.policy_messages(image) for image in images], mode="generate")
+    g, n = len(group), config.rl.num_samples
+    return rollout_lib.Rollout(
+        ids=[r["id"] for r in group],
+        prompt=prompt,
+        tokens=tokens,
+        logprobs=logprobs,
+        lengths=lengths,
+        captions=[[""] * n] * g,
+        subsets=np.zeros((g, 1), int),
+        rubric_texts=[""] * g,
+        rubrics=[[]] * g,
+        generator_problems=[[]] * g,
+        decisions=[[]] * g,
+        judge_problems=np.zeros((g, n)),
+        rewards=rewards,
+        rubric_ok=np.ones(g, bool),
+    )

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import rl_patterns
 from PIL import Image
 from test_data import _write_jsonl, image_dir  # noqa: F401  (image_dir is a fixture)
 
@@ -365,32 +366,14 @@ def _copy(tree):
 
 def _rollout(config, setup, num_new=4):
     """A Rollout of two toy images with fixed captions and rewards that vary within each group."""
-    from mocojax.data import records as records_lib
-    from mocojax.train import rollout as rollout_lib
-
-    rl = config.rl
-    group = toyroles.image_records(config.data.seed, rl.images_per_step)
-    images = [
-        records_lib.example_image({"role": "policy", **r}, config.data.image_size) for r in group
-    ]
-    prompt = setup.processor([roles.policy_messages(image) for image in images], mode="generate")
-    rows, n = rl.images_per_step * rl.num_samples, rl.num_samples
-    tokens = np.random.default_rng(0).integers(20, 200, size=(rows, num_new))
-    return rollout_lib.Rollout(
-        ids=[r["id"] for r in group],
-        prompt=prompt,
-        tokens=tokens,
+    rows, n = config.rl.images_per_step * config.rl.num_samples, config.rl.num_samples
+    return rl_patterns.toy_rollout(
+        config,
+        setup,
+        tokens=np.random.default_rng(0).integers(20, 200, size=(rows, num_new)),
         logprobs=np.full((rows, num_new), -3.0, np.float32),
         lengths=np.full(rows, num_new),
-        captions=[[""] * n] * len(group),
-        subsets=np.zeros((len(group), 1), int),
-        rubric_texts=[""] * len(group),
-        rubrics=[[]] * len(group),
-        generator_problems=[[]] * len(group),
-        decisions=[[]] * len(group),
-        judge_problems=np.zeros((len(group), n)),
-        rewards=np.tile(np.linspace(0.0, 1.0, n, dtype=np.float32), (len(group), 1)),
-        rubric_ok=np.ones(len(group), bool),
+        rewards=np.tile(np.linspace(0.0, 1.0, n, dtype=np.float32), (rows // n, 1)),
     )
 
 

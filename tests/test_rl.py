@@ -520,10 +520,8 @@ def test_update_length_by_hand():
 
 def test_trimmed_update_is_the_untrimmed_update(tmp_path):
     """The GRPO step on a batch cut to the longest caption (rounded up to the multiple) gives the
-    loss, metrics and new params of the step on the sampler's whole axis: the cut positions are
-    padding the loss never reads. Cutting one real token too many changes the loss."""
-    from mocojax import roles
-    from mocojax.data import records as records_lib
+    loss, metrics and gradient of the step on the sampler's whole axis: the cut positions are
+    padding the loss never reads. A batch that loses a real token is caught."""
     from mocojax.train import state as state_lib
 
     config = _toy_config()
@@ -531,30 +529,17 @@ def test_trimmed_update_is_the_untrimmed_update(tmp_path):
     config.rl.kl_beta = 0.05  # the default job's KL term, with its reference forward
     setup = config_utils.build_setup(config, str(tmp_path))
     params, cfg, settings = setup.load_params(), setup.model_config, config.rl
-    group = toyroles.image_records(config.data.seed, settings.images_per_step)
-    images = [
-        records_lib.example_image({"role": "policy", **r}, config.data.image_size) for r in group
-    ]
-    prompt = setup.processor([roles.policy_messages(image) for image in images], mode="generate")
     rows, n, width = settings.images_per_step * settings.num_samples, settings.num_samples, 12
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 6, rows)
     lengths[0] = 5  # the longest caption: 5 tokens -> an axis of 8 at multiple 4
-    rollout = rollout_lib.Rollout(
-        ids=[r["id"] for r in group],
-        prompt=prompt,
+    rollout = rl_patterns.toy_rollout(
+        config,
+        setup,
         tokens=rng.integers(20, 200, size=(rows, width)),
         logprobs=(-rng.uniform(0.5, 6.0, (rows, width))).astype(np.float32),
         lengths=lengths,
-        captions=[[""] * n] * len(group),
-        subsets=np.zeros((len(group), 1), int),
-        rubric_texts=[""] * len(group),
-        rubrics=[[]] * len(group),
-        generator_problems=[[]] * len(group),
-        decisions=[[]] * len(group),
-        judge_problems=np.zeros((len(group), n)),
-        rewards=rng.uniform(size=(len(group), n)).astype(np.float32),
-        rubric_ok=np.ones(len(group), bool),
+        rewards=rng.uniform(size=(rows // n, n)).astype(np.float32),
     )
     # plain SGD: the step moves the params by -lr * gradient (Adam's first step maps a gradient's
     # rounding, where |g| ~ eps, to a large share of lr); lr 1e4 lifts the ~1e-6 gradients well
