@@ -136,11 +136,11 @@ ROWS = (
 ROW_NAMES = tuple(r.name for r in ROWS)
 
 # The default command's recipe (configs/toyworld.py) learns the Policy and the Judge only: its
-# role SFT mixes Policy and Judge records 5:1 and RL takes its rubrics from the world's exact
+# role SFT mixes Policy and Judge records 5:2 and RL takes its rubrics from the world's exact
 # Generator, so the rows that need a learned Generator have no counterpart on it, and EMA on the
 # Judge alone is the method itself.
 DEFAULT_SFT_KINDS = {
-    "shared": {"data.mix": (5, 0, 1)},  # the recipe's role SFT, scored (M2)
+    "shared": {"data.mix": (5, 0, 2)},  # the recipe's role SFT, scored (M2)
     "policy_only": {"data.mix": (5, 0, 0)},
     "roles_only": {"data.mix": (0, 0, 1)},  # the separately initialised Judge of M3-M5
 }
