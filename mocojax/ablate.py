@@ -19,7 +19,8 @@ Judge alone). Each RL row runs in
 existing SFT checkpoint"), with stages ("rl", "eval") and the eval scoring the RL Policy.
 
 Resume: a run whose result file exists is skipped; any other run is started again on its
-workdir, where mocojax.main resumes from the latest checkpoint. Results: <workdir>/results.json,
+workdir, where mocojax.main resumes from the latest checkpoint. A workdir started with settings
+other than the planned ones (a default changed since) stops the grid before anything runs. Results: <workdir>/results.json,
 <workdir>/results.md (per row mean ± std over seeds, the paper's number beside it) and
 <workdir>/tracking_error.png (tracking error vs step for m = 0.9, 0.99, 0.999 and frozen).
 docs/ablations.md has what each row means.
@@ -247,14 +248,56 @@ def prepare(run):
     shutil.copytree(source, target)
 
 
+def _flatten(tree, prefix=""):
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def settings_changed(run, config):
+    """Returns "key: recorded -> planned" for every setting the run's workdir was started with
+    (its config.json) that the planned config now sets otherwise (a key only one side has, from
+    another version of the code, is not compared); [] for a workdir not started yet."""
+    path = os.path.join(run.workdir, "config.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        recorded = _flatten(json.load(f))
+    planned = _flatten(json.loads(config.to_json_best_effort()))
+    return [
+        f"{key}: {recorded[key]!r} -> {planned[key]!r}"
+        for key in sorted(recorded.keys() & planned.keys())
+        if recorded[key] != planned[key]
+    ]
+
+
 def execute(runs, log=print):
     """Runs every run whose result file is missing (resuming its workdir); returns the results
-    {(kind, name, seed): metrics}, read back from the result files."""
+    {(kind, name, seed): metrics}, read back from the result files.
+
+    A run whose workdir was started with other settings (a changed default, another override)
+    stops the grid before anything runs: resuming or reusing it would mix two recipes in one row.
+    """
     from mocojax import config_utils, main as main_lib
 
     # Every config validated before anything runs: a bad row fails now, not after hours.
+    changed = {}
     for run in runs:
-        config_utils.validate(load_config(run), main_lib.STAGES)
+        config = load_config(run)
+        config_utils.validate(config, main_lib.STAGES)
+        if diff := settings_changed(run, config):
+            changed[f"{run.kind} {run.name} seed {run.seed} ({run.workdir})"] = diff
+    if changed:
+        lines = [f"  {name}: " + "; ".join(diff) for name, diff in changed.items()]
+        raise ValueError(
+            "these runs were started with other settings than the grid now plans (a default "
+            "changed since, or other overrides); use a new --workdir, or delete their workdirs "
+            "to run them again:\n" + "\n".join(lines)
+        )
     results = {}
     for k, run in enumerate(runs):
         tag = f"[{k + 1}/{len(runs)}] {run.kind} {run.name} seed {run.seed}"

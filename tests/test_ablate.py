@@ -226,6 +226,29 @@ def test_tiny_grid_resumes(tiny_grid, monkeypatch):
     assert (row_dir / "ablate_result.json").exists()
 
 
+def test_grid_refuses_a_workdir_started_with_other_settings(tiny_grid, monkeypatch):
+    """A finished (or half-finished) run whose config.json differs from the planned config, as
+    after a changed default, stops the grid before any run starts, naming the run and the key."""
+    ran = []
+    monkeypatch.setattr(main_lib, "run", lambda config, workdir: ran.append(workdir))
+    path = tiny_grid / "rows" / "M8_method" / "seed1" / "config.json"
+    original = path.read_text()
+    recorded = json.loads(original)
+    recorded["rl"]["lr"] = recorded["rl"]["lr"] * 2
+    recorded["a_key_of_another_version"] = 1  # only one side has it: not compared
+    try:
+        path.write_text(json.dumps(recorded))
+        with pytest.raises(ValueError, match=r"rl M8_method seed 1 .*rl\.lr: ") as error:
+            ablate.main(["--grid", "tiny", "--seeds", "1", "--workdir", str(tiny_grid)])
+        assert "a_key_of_another_version" not in str(error.value)
+        assert "M7_shared_copy" not in str(error.value)
+        assert ran == []
+    finally:
+        path.write_text(original)
+    ablate.main(["--grid", "tiny", "--seeds", "1", "--workdir", str(tiny_grid)])
+    assert ran == []  # restored: every run done, nothing refused
+
+
 # --- the grid on the default command's recipe -----------------------------------------------
 
 
