@@ -12,7 +12,8 @@ logged groups; with `--rubric KEY=VALUE` also the share the exact roles would le
 variance under other rubric options, e.g. `--rubric attribute_items=True`), then, where RL
 logged the validation readout (`rl.eval_every > 0`: `val/*`, the scenes after the eval
 stage's), its F1, hallucinations and words at each logged update with the gain over update 0
-(the role-SFT Policy). This is how the tables of docs/results.md are read off a run; it reads
+(the role-SFT Policy), and the learned Judge's errors on RL's own samples per item kind with
+the within-group r between its reward error and caption length. This is how the tables of docs/results.md are read off a run; it reads
 files only.
 """
 
@@ -126,6 +127,70 @@ def recoloured_from_samples(workdir, window=100):
     if not tallies["first"][1] or not tallies["last"][1]:
         return None
     return tuple(p / t for p, t in (tallies["first"], tallies["last"]))
+
+
+def _item_kind(fact):
+    if fact is None:
+        return "unreadable"
+    if fact.kind == "absent" and fact.referent is not None and fact.referent.colour is None:
+        return "absent shape"
+    return fact.kind
+
+
+def judge_errors_from_samples(workdir, window=100):
+    """Returns the learned Judge's errors on RL's own logged groups of the last `window` updates
+    (rl_samples.jsonl, against the world's exact decisions: `truth.decision_right`), or None
+    without them: ({item kind: (true items, share failed, false items, share passed)}, mean over
+    groups of the within-group r between the reward error (the Judge's reward minus the exact
+    Judge's, both the weighted share of items passed) and the caption's words, groups counted).
+
+    A negative r means the Judge's errors cost long captions more than short ones within a group,
+    which GRPO turns into shorter captions (docs/results.md, session 33).
+    """
+    from mocojax import roles
+    from mocojax.data import toyroles
+
+    rows = [r for r in sample_rows(workdir) if r.get("decisions")]
+    rows = [r for r in rows if "decision_right" in r.get("truth", {})]
+    if not rows:
+        return None
+    last_step = max(r["step"] for r in rows)
+    tallies = {}  # kind -> [true & passed, true & failed, false & passed, false & failed]
+    correlations = []
+    for row in rows:
+        if row["step"] <= last_step - window:
+            continue
+        weights = np.array([item["weight"] for item in row["rubric"]], float)
+        kinds = [
+            _item_kind(toyroles.parse_criterion(roles.RubricItem(**item).criterion))
+            for item in row["rubric"]
+        ]
+        errors = []  # the Judge's reward minus the exact Judge's, per caption (rebuilt if unlogged)
+        for said, right in zip(row["decisions"], row["truth"]["decision_right"]):
+            said = np.array([np.nan if d is None else d for d in said], float)
+            exact = np.where(np.array(right) == 1, said, 1 - said)
+            for kind, s, e in zip(kinds, said, exact):
+                if not np.isnan(s):
+                    tally = tallies.setdefault(kind, [0, 0, 0, 0])
+                    tally[(0 if e else 2) + (0 if s else 1)] += 1
+            known = ~np.isnan(said)
+            total = weights[known].sum()
+            errors.append((weights[known] @ (said[known] - exact[known])) / total if total else 0.0)
+        if "exact_rewards" in row["truth"]:
+            errors = np.array(row["rewards"]) - np.array(row["truth"]["exact_rewards"])
+        errors, words = np.array(errors, float), np.array(row["truth"]["words"], float)
+        if errors.std() > 0 and words.std() > 0:
+            correlations.append(np.corrcoef(errors, words)[0, 1])
+    table = {
+        kind: (
+            tp + fn,
+            fn / (tp + fn) if tp + fn else None,
+            fp + tn,
+            fp / (fp + tn) if fp + tn else None,
+        )
+        for kind, (tp, fn, fp, tn) in sorted(tallies.items())
+    }
+    return table, (float(np.mean(correlations)) if correlations else None), len(correlations)
 
 
 def zero_variance_from_samples(workdir, window=100):
@@ -292,6 +357,23 @@ def main(argv=None):
                     f"| {workdir} | rl_samples.jsonl | exact roles, {exact[0]} logged groups of "
                     f"the last 100 updates: zero-variance {exact[1]:.0%} with the run's rubric, "
                     f"{exact[2]:.0%} with {changed} |"
+                )
+    errors = {w: judge_errors_from_samples(w) for w in args.workdirs}
+    if any(errors.values()):
+        print()
+        print(
+            "| run | item kind (Judge errors on RL's samples, last 100 updates) | true items "
+            "| failed | false items | passed | r(reward error, words) within groups |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for workdir, found in errors.items():
+            if found is None:
+                continue
+            table, r, groups = found
+            for kind, (true, failed, false, passed) in table.items():
+                print(
+                    f"| {workdir} | {kind} | {true} | {_fmt(failed)} | {false} | {_fmt(passed)} | "
+                    f"{_fmt(r)} over {groups} groups |"
                 )
     if any(curves.values()):
         print()
