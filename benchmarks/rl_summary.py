@@ -178,6 +178,8 @@ def judge_errors_from_samples(workdir, window=100):
             errors.append((weights[known] @ (said[known] - exact[known])) / total if total else 0.0)
         if "exact_rewards" in row["truth"]:
             errors = np.array(row["rewards"]) - np.array(row["truth"]["exact_rewards"])
+        if "words" not in row["truth"]:  # a run older than the logged words: no r
+            continue
         errors, words = np.array(errors, float), np.array(row["truth"]["words"], float)
         if errors.std() > 0 and words.std() > 0:
             correlations.append(np.corrcoef(errors, words)[0, 1])

@@ -99,3 +99,44 @@ def test_rl_summary_rescores_logged_groups_with_other_rubric_options(tmp_path, c
     module.main([str(tmp_path), "--rubric", "attribute_items=True"])
     out = capsys.readouterr().out
     assert "zero-variance 100% with the run's rubric, 0% with attribute_items=True" in out
+
+
+def test_rl_summary_tabulates_the_judges_errors_on_rls_samples_by_hand(tmp_path, capsys):
+    """Per item kind, the share of true items the Judge failed and of false items it passed, and
+    the within-group r between its reward error and caption length, from rl_samples.jsonl."""
+    rubric = [
+        {"criterion": "mentions a red circle", "check": "named", "weight": 3.0},
+        {"criterion": "does not mention a star", "check": "not named", "weight": 1.0},
+    ]
+    group = {
+        "step": 400,
+        "captions": ["A red circle.", "A blue circle and a red circle.", "A red star."],
+        "rubric": rubric,
+        # caption 2: its true presence item failed; caption 3: its false absence item passed
+        "decisions": [[1, 1], [0, 1], [1, 1]],
+        "rewards": [1.0, 0.25, 1.0],
+        "truth": {
+            "decision_right": [[1, 1], [0, 1], [1, 0]],
+            "exact_rewards": [1.0, 1.0, 0.75],
+            "words": [3, 7, 3],
+        },
+    }
+    # an update older than the last 100: not counted
+    old = dict(group, step=200, decisions=[[0, 0], [0, 0], [0, 0]])
+    (tmp_path / "rl_samples.jsonl").write_text(json.dumps(old) + "\n" + json.dumps(group) + "\n")
+    (tmp_path / "metrics.jsonl").write_text("")
+    module = _load()
+    table, r, groups = module.judge_errors_from_samples(str(tmp_path))
+    # present: 3 true items, 1 failed, no false ones; absent shape: 2 true passed, 1 false passed
+    assert table == {"absent shape": (2, 0.0, 1, 1.0), "present": (3, 1 / 3, 0, None)}
+    # errors [0, -0.75, +0.25] against words [3, 7, 3]: r by hand
+    errors, words = [0.0, -0.75, 0.25], [3.0, 7.0, 3.0]
+    e = [x - sum(errors) / 3 for x in errors]
+    w = [x - sum(words) / 3 for x in words]
+    expected = sum(a * b for a, b in zip(e, w)) / (
+        sum(a * a for a in e) ** 0.5 * sum(b * b for b in w) ** 0.5
+    )
+    assert groups == 1 and abs(r - expected) < 1e-12 and r < -0.9
+    module.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert f"| {tmp_path} | present | 3 | 0.333 | 0 | — | {expected:.3f} over 1 groups |" in out
