@@ -13,8 +13,8 @@ variance under other rubric options, e.g. `--rubric attribute_items=True`), then
 logged the validation readout (`rl.eval_every > 0`: `val/*`, the scenes after the eval
 stage's), its F1, hallucinations and words at each logged update with the gain over update 0
 (the role-SFT Policy), and the learned Judge's errors on RL's own samples per item kind with
-the within-group r between its reward error and caption length. This is how the tables of docs/results.md are read off a run; it reads
-files only.
+the within-group r between its reward error and caption length. This is how the tables of
+docs/results.md are read off a run; it reads files only.
 """
 
 import argparse

@@ -20,8 +20,8 @@ existing SFT checkpoint"), with stages ("rl", "eval") and the eval scoring the R
 
 Resume: a run whose result file exists is skipped; any other run is started again on its
 workdir, where mocojax.main resumes from the latest checkpoint. A workdir started with settings
-other than the planned ones (a default changed since) stops the grid before anything runs. Results: <workdir>/results.json,
-<workdir>/results.md (per row mean ± std over seeds, the paper's number beside it) and
+other than the planned ones (a default changed since) stops the grid before anything runs.
+Results: <workdir>/results.json, <workdir>/results.md (per row mean ± std over seeds, the paper's number beside it) and
 <workdir>/tracking_error.png (tracking error vs step for m = 0.9, 0.99, 0.999 and frozen).
 docs/ablations.md has what each row means.
 """
@@ -261,17 +261,27 @@ def _flatten(tree, prefix=""):
 def settings_changed(run, config):
     """Returns "key: recorded -> planned" for every setting the run's workdir was started with
     (its config.json) that the planned config now sets otherwise (a key only one side has, from
-    another version of the code, is not compared); [] for a workdir not started yet."""
+    another version of the code, is not compared); [] for a workdir not started yet.
+
+    A path inside the grid's workdir (another run's SFT, `rl.roles_init`) is compared by its
+    part under the grid root, so a grid copied or moved elsewhere still resumes."""
     path = os.path.join(run.workdir, "config.json")
     if not os.path.exists(path):
         return []
     with open(path) as f:
         recorded = _flatten(json.load(f))
     planned = _flatten(json.loads(config.to_json_best_effort()))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(run.workdir)))  # <root>/<x>/<y>/seed<s>
+
+    def same(old, new):
+        if isinstance(old, str) and isinstance(new, str) and new.startswith(root + os.sep):
+            return old.endswith(new[len(root) :])
+        return old == new
+
     return [
         f"{key}: {recorded[key]!r} -> {planned[key]!r}"
         for key in sorted(recorded.keys() & planned.keys())
-        if recorded[key] != planned[key]
+        if not same(recorded[key], planned[key])
     ]
 
 

@@ -5,6 +5,7 @@ run for 2 SFT steps + 2 RL updates in one process (compiled programs shared), an
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -226,7 +227,7 @@ def test_tiny_grid_resumes(tiny_grid, monkeypatch):
     assert (row_dir / "ablate_result.json").exists()
 
 
-def test_grid_refuses_a_workdir_started_with_other_settings(tiny_grid, monkeypatch):
+def test_grid_refuses_a_workdir_started_with_other_settings(tiny_grid, monkeypatch, tmp_path):
     """A finished (or half-finished) run whose config.json differs from the planned config, as
     after a changed default, stops the grid before any run starts, naming the run and the key."""
     ran = []
@@ -247,6 +248,12 @@ def test_grid_refuses_a_workdir_started_with_other_settings(tiny_grid, monkeypat
         path.write_text(original)
     ablate.main(["--grid", "tiny", "--seeds", "1", "--workdir", str(tiny_grid)])
     assert ran == []  # restored: every run done, nothing refused
+    # A copy of the grid elsewhere resumes: its rows' paths into the grid (rl.roles_init of
+    # M3-M5) point into the old root, and count as the same run.
+    copy = tmp_path / "moved_grid"
+    shutil.copytree(tiny_grid, copy)
+    ablate.main(["--grid", "tiny", "--seeds", "1", "--workdir", str(copy)])
+    assert ran == []
 
 
 # --- the grid on the default command's recipe -----------------------------------------------
