@@ -18,10 +18,11 @@ What differs from configs/toyworld.py:paper, and why (session numbers point into
   role SFT starts from mocojax/assets/toybase_check (configs/toybase_check.py: this warm-up run
   once on seed-6 scenes), packed and chunked; with the export it is configs/toyworld.py's
   default. Seed 3's warm-up served seeds 1-2 as well as their own (+0.055 / +0.074; session 29);
-  from the check base RL gains +0.037 / +0.053 / +0.015 on seeds 1-3 (validation +0.031 / +0.076
-  / +0.031; session 30; session 29's seed-5 base: +0.066 / +0.022 / +0.077), against the full
-  recipe's +0.061 / +0.061 / +0.074 (validation +0.062 / +0.044 / +0.096), so without an arg
-  this config keeps its own warm-up;
+  from the check base RL gained +0.037 / +0.053 / +0.015 on seeds 1-3 at the role-SFT mix
+  (5, 0, 1) (validation +0.031 / +0.076 / +0.031; session 30; session 29's seed-5 base: +0.066 /
+  +0.022 / +0.077) and gains +0.060 / +0.058 / +0.054 at `:check`'s (5, 0, 2) (validation +0.050
+  / +0.031 / +0.089; session 33), against the full recipe's +0.061 / +0.061 / +0.074 at (5, 0, 1)
+  (validation +0.062 / +0.044 / +0.096); without an arg this config keeps its own warm-up;
 - role SFT starts from the warm-up with the record mix (5, 0, 1): per-item Judge records are ~5
   per scene, so the paper's 2:1:1 leaves the Policy ~30% of the batches and an imprecise Policy
   from which RL loses F1 whoever judges (sessions 13-14). The Policy learns terse captions
