@@ -44,9 +44,15 @@ def toy_rollout(config, setup, tokens, logprobs, lengths, rewards):
         records_lib.example_image({"role": "policy", **r}, config.data.image_size) for r in group
     ]
     prompt = setup.processor([roles.policy_messages(image) for image in images], mode="generate")
-    g, n = len(group), config.rl.num_samples
+    return hand_rollout([r["id"] for r in group], prompt, tokens, logprobs, lengths, rewards)
+
+
+def hand_rollout(ids, prompt, tokens, logprobs, lengths, rewards):
+    """Returns a Rollout of the given prompts, caption tokens / logprobs / lengths [G*N, ...] and
+    rewards [G, N], its rubric fields empty: what the GRPO update reads."""
+    g, n = np.shape(rewards)
     return rollout_lib.Rollout(
-        ids=[r["id"] for r in group],
+        ids=ids,
         prompt=prompt,
         tokens=tokens,
         logprobs=logprobs,

@@ -174,7 +174,9 @@ RL = dict(
 def _rl_batch(cfg, rng, groups=4, new_tokens=6):
     """Returns the GRPO trainer's batch (`rl.train_batch`) of a hand-made rollout: `groups` image
     prompts, RL["num_samples"] captions each with varying lengths and rewards."""
-    from mocojax.train import rl, rollout as rollout_lib
+    import rl_patterns
+
+    from mocojax.train import rl
 
     settings = ml_collections.ConfigDict(RL)
     n = settings.num_samples
@@ -186,21 +188,13 @@ def _rl_batch(cfg, rng, groups=4, new_tokens=6):
         "image_grid_thw": np.array([[1, 4, 4]] * groups),
     }
     rows = groups * n
-    rollout = rollout_lib.Rollout(
-        ids=list(range(groups)),
-        prompt=prompt,
+    rollout = rl_patterns.hand_rollout(  # drawn in the order the Rollout's fields list them
+        list(range(groups)),
+        prompt,
         tokens=rng.integers(0, 240, (rows, new_tokens)),
         logprobs=(-rng.uniform(0.5, 6.0, (rows, new_tokens))).astype(np.float32),
         lengths=rng.integers(1, new_tokens + 1, rows),
-        captions=[[""] * n] * groups,
-        subsets=np.zeros((groups, 1), int),
-        rubric_texts=[""] * groups,
-        rubrics=[[]] * groups,
-        generator_problems=[[]] * groups,
-        decisions=[[]] * groups,
-        judge_problems=np.zeros((groups, n)),
         rewards=rng.uniform(size=(groups, n)).astype(np.float32),
-        rubric_ok=np.ones(groups, bool),
     )
     return rl.train_batch(cfg, rollout, settings, rl.advantages(rollout, settings))
 
