@@ -303,6 +303,37 @@ def test_packed_loss_and_gradients_equal_the_unpacked(setup):
     )
 
 
+def test_a_text_only_batch_gets_an_image_batchs_vision_shapes_and_the_same_loss(setup):
+    """With one fixed image size, a batch without images (the Judge's) packs its padding patches
+    in an image batch's vision rows, so the step compiles once for both; its loss is the same."""
+    cfg, processor, batch = setup
+    data = ml_collections.ConfigDict(
+        dict(min_pixels=128 * 128, max_pixels=128 * 128, max_patches=512)
+    )
+    row_len = sft.text_row_len(data)
+    assert row_len == 64  # a 128 px image: 8 x 8 patches of 16 px, the next power of two
+    with_images = sft.micro_batches(cfg, batch, 1, 512, pack=True, text_row_len=row_len)
+    assert with_images["vision"].packed_patch.shape[-1] == row_len
+    judge = [e for e in toyroles.sft_records(seed=0, num_scenes=2) if e["role"] == "judge"]
+    text = next(
+        iter(pipeline.sft_dataset(judge, processor, global_batch_size=2, seed=0, buckets=(640,)))
+    )
+    assert text["image_grid_thw"] is None
+    fixed = sft.micro_batches(cfg, text, 1, 512, pack=True, text_row_len=row_len)
+    default = sft.micro_batches(cfg, text, 1, 512, pack=True)
+    shapes = lambda b: jax.tree.map(np.shape, b["vision"])
+    assert shapes(fixed) == shapes(with_images)
+    assert shapes(default) != shapes(with_images)  # today's 16-slot rows: another program
+    params = model.init_params(cfg, 0)
+    _, (nll_fixed, counts_fixed) = _sums_and_grads(cfg, params, fixed)
+    _, (nll_default, counts_default) = _sums_and_grads(cfg, params, default)
+    assert float(counts_fixed[0]) == float(counts_default[0]) > 0
+    np.testing.assert_allclose(float(nll_fixed), float(nll_default), rtol=1e-6)
+    # Images of several sizes (min_pixels < max_pixels) or no fixed patch count: no fixed row.
+    assert sft.text_row_len(ml_collections.ConfigDict(dict(data, min_pixels=64 * 64))) is None
+    assert sft.text_row_len(ml_collections.ConfigDict(dict(data, max_patches=None))) is None
+
+
 def test_attention_does_not_cross_a_segment_boundary(setup):
     cfg, _, _ = setup
     params = model.init_params(cfg, 0)

@@ -11,6 +11,7 @@ params-sized accumulator in the optimiser state and make one "step" mean several
 
 import functools
 import logging
+import math
 import time
 
 import jax
@@ -24,6 +25,7 @@ from mocojax import (
     losses,
     metrics as metrics_lib,
     model,
+    processing_images,
     sharding,
 )
 from mocojax.data import pipeline, records as records_lib
@@ -98,7 +100,9 @@ def pack_rows(cfg, batch, num_micro=1, row_multiple=4):
     return out
 
 
-def micro_batches(cfg, batch, num_micro, max_patches=None, pack=False, pack_row_multiple=4):
+def micro_batches(
+    cfg, batch, num_micro, max_patches=None, pack=False, pack_row_multiple=4, text_row_len=None
+):
     """Returns a host batch split into num_micro micro-batches, stacked on a leading [A] axis (numpy).
 
     input_ids / attention_mask / loss_mask [A, b, L], role [A, b], positions [A, 3, b, L],
@@ -107,6 +111,8 @@ def micro_batches(cfg, batch, num_micro, max_patches=None, pack=False, pack_row_
     patches are inert), so the step sees few shapes; P >= 1 even without images, so
     the pytree structure never changes between steps. pack: records packed several to a row
     first (`pack_rows`: fewer rows b, segment ids in attention_mask, role [A, b, L]).
+    text_row_len: the packed vision row length of a batch without images (`text_row_len`; None:
+    `default_row_len`'s 16), so a text-only batch (the Judge's) has an image batch's shapes.
     """
     if pack:
         batch = pack_rows(cfg, batch, num_micro, pack_row_multiple)
@@ -121,7 +127,8 @@ def micro_batches(cfg, batch, num_micro, max_patches=None, pack=False, pack_row_
         raise ValueError(
             f"a micro-batch holds {need} image patches, more than data.max_patches={max_patches}"
         )
-    row_len = default_row_len(grid)  # one packed attention row length, so micro-batches stack
+    # one packed attention row length, so micro-batches stack
+    row_len = default_row_len(grid) if len(grid) or not text_row_len else text_row_len
     parts = []
     for a, (sub_grid, patches) in enumerate(spans):
         rows = slice(a * size, (a + 1) * size)
@@ -271,14 +278,42 @@ def global_host_batch(host_batch, pad_token_id, patch_dim):
     return batch
 
 
-def device_batch(cfg, mesh, host_batch, num_micro, max_patches, pack=False, pack_row_multiple=4):
+def device_batch(
+    cfg,
+    mesh,
+    host_batch,
+    num_micro,
+    max_patches,
+    pack=False,
+    pack_row_multiple=4,
+    text_row_len=None,
+):
     """Returns the micro-batched global batch (jax.Arrays sharded by BATCH_DIMS) of a global host
-    batch (pack: records packed several to a row, `pack_rows`)."""
+    batch (pack: records packed several to a row, `pack_rows`; text_row_len: `micro_batches`)."""
     return step_lib.place_batch(
         mesh,
-        micro_batches(cfg, host_batch, num_micro, max_patches, pack, pack_row_multiple),
+        micro_batches(
+            cfg, host_batch, num_micro, max_patches, pack, pack_row_multiple, text_row_len
+        ),
         BATCH_DIMS,
     )
+
+
+def text_row_len(data_config):
+    """Returns the packed vision row length of an image batch when every image has one size
+    (data.min_pixels == data.max_pixels, data.max_patches fixed: the toy world), else None.
+
+    A batch without images (with group_by_role, every Judge batch) then gets an image batch's
+    vision shapes and the step compiles once for both; its loss does not depend on the row
+    length (no image token reads the vision tower's output of padding patches).
+    """
+    area = data_config.get("max_pixels")
+    if not data_config.get("max_patches") or not area or data_config.get("min_pixels") != area:
+        return None
+    side = math.isqrt(area)
+    height, width = processing_images.smart_resize(side, side, area, area)
+    patch = processing_images.PATCH_SIZE
+    return default_row_len([[1, height // patch, width // patch]])
 
 
 def evaluate_loss(eval_step_fn, params, batches):
@@ -409,6 +444,7 @@ def run_sft(config, workdir, stage="sft"):
     packing = dict(
         pack=data_config.get("pack", False),
         pack_row_multiple=data_config.get("pack_row_multiple", 4),
+        text_row_len=text_row_len(data_config),
     )
 
     def device_batches(host_batches):
