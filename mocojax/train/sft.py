@@ -300,8 +300,9 @@ def device_batch(
 
 
 def text_row_len(data_config):
-    """Returns the packed vision row length of an image batch when every image has one size
-    (data.min_pixels == data.max_pixels, data.max_patches fixed: the toy world), else None.
+    """Returns the packed vision row length of a square image of data.max_pixels when images have
+    one area (data.min_pixels == data.max_pixels) and data.max_patches is fixed (the toy world's
+    square images: every image batch's row length), else None (today's shapes per batch).
 
     A batch without images (with group_by_role, every Judge batch) then gets an image batch's
     vision shapes and the step compiles once for both; its loss does not depend on the row
