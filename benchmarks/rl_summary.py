@@ -129,14 +129,6 @@ def recoloured_from_samples(workdir, window=100):
     return tuple(p / t for p, t in (tallies["first"], tallies["last"]))
 
 
-def _item_kind(fact):
-    if fact is None:
-        return "unreadable"
-    if fact.kind == "absent" and fact.referent is not None and fact.referent.colour is None:
-        return "absent shape"
-    return fact.kind
-
-
 def judge_errors_from_samples(workdir, window=100):
     """Returns the learned Judge's errors on RL's own logged groups of the last `window` updates
     (rl_samples.jsonl, against the world's exact decisions: `truth.decision_right`), or None
@@ -161,11 +153,16 @@ def judge_errors_from_samples(workdir, window=100):
         if row["step"] <= last_step - window:
             continue
         weights = np.array([item["weight"] for item in row["rubric"]], float)
-        kinds = [
-            _item_kind(toyroles.parse_criterion(roles.RubricItem(**item).criterion))
-            for item in row["rubric"]
+        facts = [
+            toyroles.parse_criterion(roles.RubricItem(**item).criterion) for item in row["rubric"]
         ]
-        errors = []  # the Judge's reward minus the exact Judge's, per caption (rebuilt if unlogged)
+        kinds = [toyroles.report_kind(f) if f else "unreadable" for f in facts]
+        kinds = ["absent shape" if k == "absent_shape" else k for k in kinds]
+        logged = "exact_rewards" in row["truth"]
+        # the Judge's reward minus the exact Judge's, per caption (rebuilt where not logged)
+        errors = (
+            np.array(row["rewards"]) - np.array(row["truth"]["exact_rewards"]) if logged else []
+        )
         for said, right in zip(row["decisions"], row["truth"]["decision_right"]):
             said = np.array([np.nan if d is None else d for d in said], float)
             exact = np.where(np.array(right) == 1, said, 1 - said)
@@ -173,11 +170,12 @@ def judge_errors_from_samples(workdir, window=100):
                 if not np.isnan(s):
                     tally = tallies.setdefault(kind, [0, 0, 0, 0])
                     tally[(0 if e else 2) + (0 if s else 1)] += 1
-            known = ~np.isnan(said)
-            total = weights[known].sum()
-            errors.append((weights[known] @ (said[known] - exact[known])) / total if total else 0.0)
-        if "exact_rewards" in row["truth"]:
-            errors = np.array(row["rewards"]) - np.array(row["truth"]["exact_rewards"])
+            if not logged:
+                known = ~np.isnan(said)
+                total = weights[known].sum()
+                errors.append(
+                    (weights[known] @ (said[known] - exact[known])) / total if total else 0.0
+                )
         if "words" not in row["truth"]:  # a run older than the logged words: no r
             continue
         errors, words = np.array(errors, float), np.array(row["truth"]["words"], float)
