@@ -10,7 +10,8 @@ Grids (ablate_rows.GRID_TABLE): "paper" builds every row on the paper's pipeline
 (configs/rl_method.py:default: the world's exact Generator, so the rows that need a learned one
 are left out and named in the table's notes); "tiny" / "default_tiny" are their 2-step runs.
 
-Per seed s (data seed s and init seed s, s = 1..--seeds) three SFT runs are shared by the rows
+Per seed s (data seed s and init seed s; `--seeds N` is s = 1..N, `--seeds 2,3` or `2-3`
+those seeds, so seeds can run on separate machines) three SFT runs are shared by the rows
 that start from them, as the paper reuses its SFT checkpoints: the shared multi-role SFT (M2;
 theta_0 = phi_0 of every shared-init row), a Policy-only SFT (M1; the Policy of M3-M5) and a
 roles-only SFT (the separately initialised Generator / Judge of M3-M5; on the default grid the
@@ -32,6 +33,7 @@ import glob
 import importlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -92,14 +94,47 @@ def sft_workdir(root, kind, seed):
     return os.path.join(root, "sft", kind, f"seed{seed}")
 
 
+def seed_list(seeds):
+    """Returns the seeds as a sorted tuple of distinct ints >= 1.
+
+    seeds: an int N (seeds 1..N), a sequence of ints, or the `--seeds` text: "N", "a,b,..."
+    (those seeds) or "a-b" (a..b), so one machine can run seed 2 while another runs seed 3 on a
+    copy of the same grid workdir.
+    """
+    if isinstance(seeds, str):
+        text = seeds.strip()
+        try:
+            if re.fullmatch(r"\d+", text):
+                return seed_list(int(text))
+            if re.fullmatch(r"\d+-\d+", text):
+                low, high = (int(x) for x in text.split("-"))
+                if low > high:
+                    raise ValueError
+                return seed_list(list(range(low, high + 1)))
+            return seed_list([int(x) for x in text.split(",")])
+        except ValueError:
+            raise ValueError(
+                f"--seeds {seeds!r}: give N (seeds 1..N), a comma list such as 2,3, or a range "
+                "such as 2-3, of seeds >= 1"
+            ) from None
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        if seeds < 1:
+            raise ValueError(f"--seeds {seeds!r}: must be a positive int")
+        return tuple(range(1, seeds + 1))
+    values = list(seeds) if isinstance(seeds, (list, tuple, range)) else []
+    if not values or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in values):
+        raise ValueError(f"--seeds {seeds!r}: must be ints >= 1")
+    return tuple(sorted(set(values)))
+
+
 def plan(grid, seeds, root, rows=None):
-    """Returns the list of Runs of the grid (SFT runs first), each once, for seeds 1..seeds.
+    """Returns the list of Runs of the grid (SFT runs first), each once, for the seeds
+    (`seed_list`: N means 1..N).
 
     rows: names of the rows to plan (default all); an alias row plans its target's runs.
     """
     g = grid_of(grid)
-    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
-        raise ValueError(f"--seeds {seeds!r}: must be a positive int")
+    seeds = seed_list(seeds)
     names = list(rows) if rows else list(g.row_names)
     for name in names:
         if name in g.excluded:
@@ -113,7 +148,7 @@ def plan(grid, seeds, root, rows=None):
     root = os.path.abspath(root)
     extra = TINY_OVERRIDES if g.tiny else ()
     runs = []
-    for seed in range(1, seeds + 1):
+    for seed in seeds:
         common = (("seed", seed), ("data.seed", seed))
         kinds = dict.fromkeys(k for r in chosen for k in (r.sft, r.roles_sft) if k)
         for kind in kinds:
@@ -335,8 +370,9 @@ def _stats(values):
 
 def aggregate(results, seeds, rows=None, grid="paper"):
     """Returns {row name: {"what", "seeds", "mean", "std", "paper", "tracking_error"}} per row
-    of the grid (rows: those names only)."""
+    of the grid (rows: those names only; seeds: `seed_list`'s forms)."""
     g = grid_of(grid)
+    seeds = seed_list(seeds)
     names = list(rows) if rows else list(g.row_names)
     by_name = {r.name: r for r in g.rows}
     table = {}
@@ -344,7 +380,7 @@ def aggregate(results, seeds, rows=None, grid="paper"):
         row = by_name[name]
         source = by_name[row.same_as] if row.same_as else row
         key = ("sft", source.sft) if source.sft_only else ("rl", source.name)
-        per_seed = {s: results[(*key, s)] for s in range(1, seeds + 1) if (*key, s) in results}
+        per_seed = {s: results[(*key, s)] for s in seeds if (*key, s) in results}
         stats = {m: _stats([r.get(m) for r in per_seed.values()]) for m, _ in METRICS}
         curves = [r.get("tracking_error") or [] for r in per_seed.values()]
         table[name] = {
@@ -375,6 +411,7 @@ def _cell(mean, std, digits=3):
 
 def markdown_table(table, seeds, note=""):
     """Returns the results table as markdown (mean ± std over seeds; paper numbers beside)."""
+    seeds = seed_list(seeds)
     head = (
         ["row", "what", "seeds"]
         + [label for _, label in METRICS]
@@ -389,7 +426,7 @@ def markdown_table(table, seeds, note=""):
         cells = [
             name,
             row["what"],
-            f"{len(row['seeds'])}/{seeds}",
+            f"{len(row['seeds'])}/{len(seeds)}",
             *[_cell(row["mean"][m], row["std"][m]) for m, _ in METRICS],
             "—" if paper["win_rate"] is None else f"{paper['win_rate']:.2f}",
             "—" if paper["tracking_error"] is None else f"{paper['tracking_error']:.3f}",
@@ -474,7 +511,11 @@ def excluded_note(grid):
 def write_outputs(root, grid, seeds, table, wall_s, note=""):
     """Writes results.json, results.md and tracking_error.png into root."""
     with open(os.path.join(root, "results.json"), "w") as f:
-        json.dump({"grid": grid, "seeds": seeds, "wall_s": wall_s, "rows": table}, f, indent=1)
+        json.dump(
+            {"grid": grid, "seeds": list(seed_list(seeds)), "wall_s": wall_s, "rows": table},
+            f,
+            indent=1,
+        )
     with open(os.path.join(root, "results.md"), "w") as f:
         f.write(markdown_table(table, seeds, note))
     plot_tracking(table, os.path.join(root, "tracking_error.png"))
@@ -489,7 +530,11 @@ def main(argv=None):
         help="the pipeline the rows build on: paper, default (the default command's recipe), "
         "or their 2-step tiny runs",
     )
-    parser.add_argument("--seeds", type=int, default=3, help="data / init seeds 1..N")
+    parser.add_argument(
+        "--seeds",
+        default="3",
+        help="data / init seeds: N (1..N), a comma list (2,3) or a range (2-3)",
+    )
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--rows", default="", help="comma-separated row names (default: all)")
     parser.add_argument("--dry-run", action="store_true", help="list the planned runs and stop")

@@ -147,6 +147,44 @@ def test_dry_run_lists_every_row_seed_and_sft_checkpoint(tmp_path, capsys):
         ablate.plan("huge", 1, str(tmp_path))
 
 
+def test_seeds_as_a_count_a_list_or_a_range_plan_only_those_seeds(tmp_path, capsys):
+    assert ablate.seed_list(3) == (1, 2, 3)
+    assert ablate.seed_list("3") == (1, 2, 3)
+    assert ablate.seed_list("3,2") == (2, 3)
+    assert ablate.seed_list(" 2-4 ") == (2, 3, 4)
+    assert ablate.seed_list([5, 2, 5]) == (2, 5)
+    for bad in ("0", "2-1", "a", "1,,2", "-1", [], [0], [1.5], True):
+        with pytest.raises(ValueError, match="--seeds"):
+            ablate.seed_list(bad)
+    runs = ablate.main(
+        [
+            "--grid",
+            "paper",
+            "--seeds",
+            "2-3",
+            "--workdir",
+            str(tmp_path),
+            "--dry-run",
+            "--rows",
+            "M8_method",
+        ]
+    )
+    assert {r.seed for r in runs} == {2, 3}
+    assert [(r.kind, r.name, r.seed) for r in runs] == [
+        ("sft", "shared", 2),
+        ("rl", "M8_method", 2),
+        ("sft", "shared", 3),
+        ("rl", "M8_method", 3),
+    ]
+    assert all(dict(r.overrides)["data.seed"] == r.seed == dict(r.overrides)["seed"] for r in runs)
+    assert runs[1].sft_from.endswith("sft/shared/seed2")
+    assert "seed 1" not in capsys.readouterr().out
+    # The table counts the seeds asked for: seed 3 of seeds 2-3 done reads 1/2.
+    table = ablate.aggregate({("rl", "M8_method", 3): {"f1": 0.5}}, "2,3", ["M8_method"])
+    assert set(table["M8_method"]["seeds"]) == {3}
+    assert "| 1/2 |" in ablate.markdown_table(table, (2, 3))
+
+
 def test_markdown_table_and_plot_by_hand(tmp_path):
     results = {
         ("rl", "M8_method", 1): {"f1": 0.5, "tracking_error": [(1, 0.1), (2, 0.2)]},
