@@ -120,6 +120,10 @@ def paper_config(arg=""):
     # has (toyworld.recolour_captions), so "mentions a red square" is seen unmet on a caption
     # that names a blue square (a learned Judge passed 45-99% of those on RL's samples).
     config.data.judge_recolours = False
+    # True: the Judge's records also grade up to two "does not mention a <colour> <shape>" items
+    # for pairs their captions name on a shape of the scene in a colour no object of it has
+    # (toyroles.pair_absent_facts): the pair-absent kind, 4% of its examples without it.
+    config.data.judge_pair_absent = False
     # True: the Generator's target lists its items in the order its reference caption names the
     # objects (toyroles.reference_ordered), not in the world's draw order, which no text shows.
     config.data.generator_reference_order = False

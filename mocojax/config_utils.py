@@ -261,6 +261,7 @@ def validate(config, stages):
         "judge_repeats",
         "judge_fragments",
         "judge_recolours",
+        "judge_pair_absent",
         "generator_reference_order",
     ):
         if key in config.data:
@@ -700,6 +701,7 @@ def sft_examples(config, processor=None):
             judge_repeats=data.get("judge_repeats", False),
             judge_fragments=data.get("judge_fragments", False),
             judge_recolours=data.get("judge_recolours", False),
+            judge_pair_absent=data.get("judge_pair_absent", False),
             generator_reference_order=data.get("generator_reference_order", False),
             generator_other_image=data.get("generator_other_image", 0.0),
             weak_swap_colours=data.get("weak_swap_colours", 0.0),

@@ -210,6 +210,20 @@ def rubric_facts(
     return facts[:k] + shape_facts + facts[k:]
 
 
+def pair_absent_facts(scene, captions):
+    """Returns the distinct "absent" facts of the (shape, colour) pairs that the captions name on a
+    shape of the scene in a colour that no object of that shape has ("does not mention a blue
+    square" where the squares are red), in the order the captions first name them."""
+    pairs = {(o.shape, o.colour) for o in scene.objects}
+    shapes = {o.shape for o in scene.objects}
+    facts = []
+    for caption in captions:
+        for m in tw.parse_caption(caption)[0]:
+            if m.colour is not None and m.shape in shapes and (m.shape, m.colour) not in pairs:
+                facts.append(Fact("absent", tw.Mention(m.shape, m.colour)))
+    return list(dict.fromkeys(facts))
+
+
 def reference_ordered(scene, reference):
     """Returns the scene with its objects in the order the reference caption names them (any it
     does not name after them, in scene order).
@@ -244,6 +258,8 @@ JUDGE_REFERENCE_SHARE = 0.05
 # 1, 400 scenes; 0.5: 62%, at the cost of halving the unmet count and background items).
 JUDGE_RECOLOUR_SHARE = 0.4
 MAX_RUBRIC_ITEMS = 10
+# With judge_pair_absent: the most pair-absent items added to a scene's judged rubric.
+JUDGE_PAIR_ABSENT_ITEMS = 2
 # References the Generator reads. The toy world's references are paraphrases of one complete
 # truth, so one carries all of it (PixMo-Cap has one per image too); more only lengthen the
 # prompt (3 references: 429 tokens on average, 1: ~340).
@@ -259,6 +275,7 @@ def scene_sft_records(
     judge_repeats=False,
     judge_fragments=False,
     judge_recolours=False,
+    judge_pair_absent=False,
     generator_reference_order=False,
     weak_swap_colours=0.0,
     **rubric,
@@ -281,6 +298,12 @@ def scene_sft_records(
     judge_recolours: JUDGE_RECOLOUR_SHARE of the Judge records that do not judge a reference judge
     a `toyworld.recolour_captions` caption (an object named in a colour no object of its shape
     has), so presence items are seen unmet on captions that name the shape.
+    judge_pair_absent: the rubric the Judge records grade also holds up to JUDGE_PAIR_ABSENT_ITEMS
+    "does not mention a <colour> <shape>" items (`pair_absent_facts`) for pairs that the Judge's
+    captions name on a shape of the scene in a colour no object of that shape has, so the
+    pair-absent kind, the one that binds a colour to a shape in an absent item, is not rare in
+    the Judge's data (4% of its per-item examples without it). The Generator's records and RL's
+    rubrics do not change.
     generator_reference_order: the Generator's target lists its count and presence items in the
     order its reference names the objects (`reference_ordered`), not the world's hidden draw
     order; the same items, so the Judge's records and RL's reward do not change.
@@ -347,6 +370,11 @@ def scene_sft_records(
     fragments = tw.fragment_captions(scene, seed, 2, salt=3000) if judge_fragments else []
     recolours = tw.recolour_captions(scene, seed, 2, salt=4000) if judge_recolours else []
     pool = [(c["id"], c["caption"]) for c in shown + unseen[:2] + repeats + fragments]
+    if judge_pair_absent:
+        extra = pair_absent_facts(scene, [text for _, text in pool])[:JUDGE_PAIR_ABSENT_ITEMS]
+        judged_rubric = judged_rubric + [
+            item for item in map(item_of, extra) if item not in judged_rubric
+        ]
     rng = _rng(seed, 3, scene)
     facts = [parse_criterion(item.criterion) for item in judged_rubric]
 
@@ -385,7 +413,8 @@ def scene_sft_records(
 
 def sft_records(seed, num_scenes, mix=(2, 1, 1), start=0, generator_other_image=0.0, **options):
     """Returns the SFT records of scenes start..start+num_scenes-1, grouped by scene (options:
-    `scene_sft_records`' keywords: policy_drop, judge_repeats, judge_fragments, judge_recolours
+    `scene_sft_records`' keywords: policy_drop, judge_repeats, judge_fragments, judge_recolours,
+    judge_pair_absent
     and the rubric's; generator_other_image: `with_other_images`' share)."""
     scenes = tw.make_scenes(seed, num_scenes, start)
     records = [
