@@ -69,11 +69,22 @@ def markdown(rows, header=True):
     """Returns the rows as markdown table lines (the header first when header)."""
     lines = []
     if header:
-        lines.append("| step | " + " | ".join(name for _, name in COLUMNS) + " | items |")
-        lines.append("|---" * (len(COLUMNS) + 2) + "|")
+        lines.append(
+            "| step | "
+            + " | ".join(name for _, name in COLUMNS)
+            + " | items | pair-absent items (unmet) |"
+        )
+        lines.append("|---" * (len(COLUMNS) + 3) + "|")
     for row in rows:
         cells = [f"{row[key]:.3f}" if key in row else "--" for key, _ in COLUMNS]
-        lines.append(f"| {row['step']} | " + " | ".join(cells) + f" | {row['num_items']} |")
+        pair = (
+            f"{row['items_absent']} ({row['unmet_items_absent']})"
+            if "items_absent" in row
+            else "--"
+        )
+        lines.append(
+            f"| {row['step']} | " + " | ".join(cells) + f" | {row['num_items']} | {pair} |"
+        )
     return "\n".join(lines)
 
 

@@ -1108,6 +1108,16 @@ def test_judge_gate_reports_each_kind_exact_and_always_yes(monkeypatch):
     assert {"balanced_accuracy_present", "balanced_accuracy_at_least"} <= kinds and len(kinds) >= 5
     assert all(exact[k] == 1.0 for k in kinds) and exact["balanced_accuracy_worst_kind"] == 1.0
     assert exact["recoloured_items"] > 0 and exact["recoloured_pass_rate"] == 0.0
+    # what each kind's score rests on: every decided item counted once, under its kind
+    counts = {k: v for k, v in exact.items() if k.startswith("items_")}
+    assert sum(counts.values()) == exact["num_items"] and {
+        f"items_{k[len('balanced_accuracy_') :]}" for k in kinds
+    } <= set(counts)
+    assert all(
+        0 < exact[f"unmet_{k}"] < n
+        for k, n in counts.items()
+        if f"balanced_accuracy_{k[6:]}" in kinds
+    )
     monkeypatch.setattr(toyworld_eval, "generate_texts", replies("yes"))
     yes = toyworld_eval.judge_gate(None, None, None, judge_per_item="reason", **kwargs, **rubric)
     assert {k for k in yes if k in kinds} == kinds and all(yes[k] == 0.5 for k in kinds)

@@ -562,7 +562,8 @@ def judge_gate(
 ):
     """Returns the Judge's {"balanced_accuracy_within_kind", "balanced_accuracy_worst_kind",
     "balanced_accuracy", "accuracy", "accuracy_always_1", "num_items",
-    "balanced_accuracy_<kind>" per item kind with both labels, "recoloured_pass_rate"}
+    "balanced_accuracy_<kind>" per item kind with both labels, "items_<kind>" /
+    "unmet_items_<kind>" (`kind_item_counts`), "recoloured_pass_rate"}
     on held-out RL-like captions (the Judge records of scenes start..start+num_scenes-1),
     asked once per item when judge_per_item (rubric: as `evaluate`)."""
     examples = [
@@ -584,8 +585,21 @@ def judge_gate(
         "accuracy_always_1": float(np.mean(always_1)),
         "num_items": decided,
         **{f"balanced_accuracy_{k}": v for k, v in kind_balanced_accuracies(by_kind).items()},
+        **kind_item_counts(by_kind),
         **recoloured_metrics("", recoloured),
     }
+
+
+def kind_item_counts(by_kind):
+    """Returns {"items_<kind>": decided items, "unmet_items_<kind>": those the caption does not
+    meet} per item kind: what each kind's balanced accuracy rests on (a kind of tens of items,
+    such as the pair-absent one, moves by several points with a few decisions)."""
+    out = {}
+    for kind, c in sorted(by_kind.items()):
+        if kind != "unreadable":
+            out[f"items_{kind}"] = int(c["tp"] + c["fn"] + c["tn"] + c["fp"])
+            out[f"unmet_items_{kind}"] = int(c["tn"] + c["fp"])
+    return out
 
 
 def format_table(result):
