@@ -39,6 +39,10 @@ def get_config(arg=""):
     # at this size: one attention call over the whole row, unpacked rows
     config.model.attention_chunk = 0
     config.data.pack = False
+    # one KV cache per prompt for its rl.num_samples samples, not one copy per sample: a long
+    # image prompt's cache is held and read once per group at every decoded token (the same
+    # attention up to float rounding; docs/performance.md)
+    config.model.shared_prompt_cache = True
 
     config.data.source = "jsonl"
     config.data.train_path = ""  # required

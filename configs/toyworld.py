@@ -89,6 +89,11 @@ def paper_config(arg=""):
     # batches (idle, benchmarks/bench_toy_sft.py), 1.40x over the whole SFT stage once compiled,
     # with the held-out evals equal to 3 decimals on data seed 1 (session 28, docs/training.md).
     config.model.attention_chunk = 64
+    # True: sampling keeps one KV cache per prompt for its N samples instead of N copies (and the
+    # RL update scores the N completions against it); the same attention up to float rounding
+    # (tests/test_sampling.py). Off here so the toy world's measured runs reproduce bitwise;
+    # docs/performance.md has its speed on this machine.
+    config.model.shared_prompt_cache = False
 
     config.data = ml_collections.ConfigDict()
     config.data.source = "toyworld"

@@ -130,6 +130,13 @@ def validate(config, stages):
             lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
             "must be an int >= 0 (0: all queries at once)",
         )
+    if "shared_prompt_cache" in config.model:
+        _check(
+            config,
+            "model.shared_prompt_cache",
+            lambda v: isinstance(v, bool),
+            "must be True or False",
+        )
     if config.model.init_from:
         _check(
             config,
@@ -645,6 +652,7 @@ def build_setup(config, workdir):
         remat=config.model.remat,
         logits_chunk=config.model.logits_chunk,
         attention_chunk=config.model.get("attention_chunk", 0),
+        shared_prompt_cache=config.model.get("shared_prompt_cache", False),
     )
     if config.model.init_from:
         cfg = model.ModelConfig.from_pretrained(config.model.init_from, **dtypes)

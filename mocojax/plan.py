@@ -172,7 +172,7 @@ def table(rows, hbm_bytes) -> str:
 def main(argv=None):
     """Prints the plan table for the preset and mesh on the command line (argv None: sys.argv).
 
-    Long because of the argparse declarations (18 flags, most one argument per line as ruff formats
+    Long because of the argparse declarations (19 flags, most one argument per line as ruff formats
     them; --devices is read before jax is imported, by `fake_device_count`), followed by the config,
     mesh and `plan` call built from them.
     """
@@ -188,6 +188,12 @@ def main(argv=None):
     parser.add_argument("--param-dtype", default="float32")
     parser.add_argument("--dtype", default="bfloat16", help="compute dtype")
     parser.add_argument("--no-remat", action="store_true")
+    parser.add_argument(
+        "--shared-prompt-cache",
+        action="store_true",
+        help="model.shared_prompt_cache: one KV cache per prompt for its N samples (sampler and "
+        "the RL update's scoring), not N copies",
+    )
     parser.add_argument(
         "--logits-chunk",
         type=int,
@@ -239,6 +245,7 @@ def main(argv=None):
         dtype=args.dtype,
         remat=not args.no_remat,
         logits_chunk=args.logits_chunk,
+        shared_prompt_cache=args.shared_prompt_cache,
     )
     mesh = sharding.make_mesh(args.mesh)
     cfg = sharding.model_config(cfg, mesh)
@@ -261,7 +268,7 @@ def main(argv=None):
     n = model.count_params(model.abstract_params(cfg))
     print(
         f"{args.preset}: {n / 1e9:.2f}B params, {args.param_dtype} params, {args.dtype} compute, remat={cfg.remat}, "
-        f"logits_chunk={cfg.logits_chunk}, "
+        f"logits_chunk={cfg.logits_chunk}, shared_prompt_cache={cfg.shared_prompt_cache}, "
         f"mesh {dict(mesh.shape)} ({mesh.devices.size} x {args.hbm_gb:g} GB)"
     )
     print(table(rows, args.hbm_gb * GB))

@@ -309,6 +309,13 @@ def _sampler_rows(
     )
     cache_sh = sharding.kv_cache_shardings(mesh, prefix.cache["k"].shape, rules)
     cache_bytes = sharding.per_device_bytes(prefix.cache, cache_sh)
+    shared_cache = None
+    if prefix.shared_cache is not None:  # cfg.shared_prompt_cache: the prompts' cache, once
+        shared_sh = sharding.kv_cache_shardings(mesh, prefix.shared_cache["k"].shape, rules)
+        cache_bytes += sharding.per_device_bytes(prefix.shared_cache, shared_sh)
+        shared_cache = {
+            k: _sds(v.shape, v.dtype, shared_sh[k]) for k, v in prefix.shared_cache.items()
+        }
     images = f", {image_patches} patches each" if image_patches else ""
     prefill_analytic = {"params": held["params"], "kv_cache": cache_bytes}
     if image_patches:
@@ -341,6 +348,8 @@ def _sampler_rows(
         rows_of(prefix.next_position),
         rows_of(prefix.last_logits),
         prefix.next_slot,
+        shared_cache,
+        None if prefix.shared_valid is None else rows_of(prefix.shared_valid),
     )
     sampler = sampling.Sampler(max_new_tokens=reserve, temperature=1.0)
     rng = jax.eval_shape(lambda: jax.random.key(0))

@@ -36,13 +36,24 @@ class Prompt:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Prefix:
-    """A filled KV cache with what decoding it needs; R rows (B*N after a shared prefill)."""
+    """A filled KV cache with what decoding it needs; R rows (B*N after a shared prefill).
+
+    With a shared prompt cache (cfg.shared_prompt_cache, N > 1) the B prompts' cache is kept once
+    in shared_cache / shared_valid and `cache` holds only each row's slots after its prompt; row
+    b*N+j attends to prompt b's slots, then to its own."""
 
     cache: dict  # {"k", "v"} [layers, R, S, K, H]
     key_valid: jax.Array  # [R, S] bool: slots holding real tokens
     next_position: jax.Array  # [R] int32: rope position of the next token
     last_logits: jax.Array  # [R, V] float32: logits predicting the next token
     next_slot: int = dataclasses.field(metadata=dict(static=True))  # first free cache slot
+    shared_cache: dict | None = None  # {"k", "v"} [layers, B, L, K, H]: the prompts' cache
+    shared_valid: jax.Array | None = None  # [B, L] bool: the prompts' real slots
+
+    @property
+    def shared(self) -> tuple | None:
+        """Returns model.apply's `shared` argument: (shared_cache, shared_valid), or None."""
+        return None if self.shared_cache is None else (self.shared_cache, self.shared_valid)
 
 
 @jax.tree_util.register_dataclass
@@ -106,12 +117,17 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, sampler: Sampler) -> jax.A
 def prefill_core(
     cfg: ModelConfig, params, prompt: Prompt, *, reserve: int, num_samples: int
 ) -> Prefix:
-    """Returns the Prefix of B prompts, encoded once and repeated to B*num_samples rows (row b*N+j)."""
+    """Returns the Prefix of B prompts, encoded once and repeated to B*num_samples rows (row b*N+j).
+
+    With cfg.shared_prompt_cache and num_samples > 1 the prompts' cache is not repeated: it is
+    the Prefix's shared_cache, and each row's cache holds only its `reserve` free slots."""
     batch, length = prompt.input_ids.shape
+    shared = cfg.shared_prompt_cache and num_samples > 1
     t = cfg.text
-    shape = (t.num_hidden_layers, batch, length + reserve, t.num_key_value_heads, t.head_dim)
+    slots = length if shared else length + reserve
+    shape = (t.num_hidden_layers, batch, slots, t.num_key_value_heads, t.head_dim)
     cache = {"k": jnp.zeros(shape, cfg.dtype), "v": jnp.zeros(shape, cfg.dtype)}
-    key_valid = jnp.pad(prompt.attention_mask.astype(bool), ((0, 0), (0, reserve)))
+    key_valid = jnp.pad(prompt.attention_mask.astype(bool), ((0, 0), (0, slots - length)))
     _, aux = model.apply(
         cfg,
         params,
@@ -129,6 +145,20 @@ def prefill_core(
     repeat = functools.partial(
         jnp.repeat, repeats=num_samples, total_repeat_length=batch * num_samples
     )
+    if shared:
+        rows = batch * num_samples
+        own = (t.num_hidden_layers, rows, reserve, t.num_key_value_heads, t.head_dim)
+        return Prefix(
+            cache=_constrain_cache(
+                cfg, {"k": jnp.zeros(own, cfg.dtype), "v": jnp.zeros(own, cfg.dtype)}
+            ),
+            key_valid=jnp.zeros((rows, reserve), bool),
+            next_position=repeat(prompt.next_position, axis=0),
+            last_logits=repeat(last_logits, axis=0),
+            next_slot=0,
+            shared_cache=_constrain_cache(cfg, aux["cache"]),
+            shared_valid=key_valid,
+        )
     return Prefix(
         cache=_constrain_cache(cfg, jax.tree.map(lambda c: repeat(c, axis=1), aux["cache"])),
         key_valid=repeat(key_valid, axis=0),
@@ -150,9 +180,34 @@ def _constrain_cache(cfg: ModelConfig, cache: dict) -> dict:
     )
 
 
+def unshare_prefix(cfg: ModelConfig, prefix: Prefix) -> Prefix:
+    """Returns prefix with its shared prompt cache repeated into every row's cache (prefix when
+    it has none): the layout of a prefill without cfg.shared_prompt_cache."""
+    if prefix.shared_cache is None:
+        return prefix
+    prompts, length = prefix.shared_valid.shape
+    rows = prefix.key_valid.shape[0]
+    per = rows // prompts
+
+    def join(shared, own, axis):
+        return jnp.concatenate(
+            [jnp.repeat(shared, per, axis=axis, total_repeat_length=rows), own], axis=axis + 1
+        )
+
+    cache = {name: join(prefix.shared_cache[name], prefix.cache[name], 1) for name in "kv"}
+    return Prefix(
+        cache=_constrain_cache(cfg, cache),
+        key_valid=join(prefix.shared_valid, prefix.key_valid, 0),
+        next_position=prefix.next_position,
+        last_logits=prefix.last_logits,
+        next_slot=length + prefix.next_slot,
+    )
+
+
 def gather_prefix_core(cfg: ModelConfig, prefix: Prefix, rows: jax.Array) -> Prefix:
     """Returns the Prefix whose row r is row rows[r] of prefix (rows [R] int32): prompts that
     share a prefix in uneven numbers (the per-item Judge's items of one caption) copy its cache."""
+    prefix = unshare_prefix(cfg, prefix)
     take = lambda x, axis: jnp.take(x, rows, axis=axis)
     return Prefix(
         cache=_constrain_cache(cfg, jax.tree.map(lambda c: take(c, 1), prefix.cache)),
@@ -193,6 +248,7 @@ def extend_core(
         key_valid=key_valid,
         write_index=slot,
         return_hidden=True,
+        shared=prefix.shared,
     )
     lengths = mask.sum(1)  # [R]
     last_hidden = jnp.take_along_axis(
@@ -208,8 +264,13 @@ def extend_core(
         first = token_logprobs(prefix.last_logits[:, None], tokens[:, :1])
         rest = model.target_logprobs(cfg, params, aux["hidden"][:, :-1], tokens[:, 1:])  # [R, C-1]
         logprobs = jnp.where(mask > 0, jnp.concatenate([first, rest], axis=1), 0.0)
-    new_prefix = Prefix(
-        aux["cache"], key_valid, prefix.next_position + lengths, last_logits, slot + width
+    new_prefix = dataclasses.replace(
+        prefix,
+        cache=aux["cache"],
+        key_valid=key_valid,
+        next_position=prefix.next_position + lengths,
+        last_logits=last_logits,
+        next_slot=slot + width,
     )
     return new_prefix, logprobs
 
@@ -253,6 +314,7 @@ def decode_core(
             cache=state["cache"],
             key_valid=key_valid,
             write_index=prefix.next_slot + t - 1,
+            shared=prefix.shared,
         )
         return record(dict(state, cache=aux["cache"]), logits[:, 0])
 

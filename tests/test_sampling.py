@@ -13,7 +13,8 @@ import pytest
 import torch
 from hf_reference import image_prompt, left_pad, random_hf_model
 
-from mocojax import hf, model, sampling
+from mocojax import hf, model, sampling, sampling_core
+from mocojax.model import qwen3_vl, text as text_model
 
 TOL = 1e-4
 CFG = model.tiny(num_heads=4, num_kv_heads=2)
@@ -89,14 +90,17 @@ def test_greedy_matches_transformers_generate(pair, case):
     np.testing.assert_array_equal(np.asarray(out.lengths), 32)
 
 
-def test_sampled_logprobs_equal_full_forward_and_scorer(pair):
-    """Sampled rows (several EOS ids, some rows end early) against log_softmax(forward(prompt + tokens))."""
+@pytest.mark.parametrize("shared", [False, True], ids=["copied", "shared_prompt_cache"])
+def test_sampled_logprobs_equal_full_forward_and_scorer(pair, shared):
+    """Sampled rows (several EOS ids, some rows end early) against log_softmax(forward(prompt + tokens)),
+    with each prompt's cache copied to its N rows and kept once (cfg.shared_prompt_cache)."""
     _, params = pair
     ids, mask, pixels, grid = _prompts("left_padded_batch")
     n, steps = 3, 24
     eos = SPECIAL + tuple(range(8))
+    cfg_sampler = CFG.replace(shared_prompt_cache=shared)
     out = sampling.generate(
-        CFG,
+        cfg_sampler,
         params,
         ids,
         mask,
@@ -131,7 +135,7 @@ def test_sampled_logprobs_equal_full_forward_and_scorer(pair):
     np.testing.assert_allclose(logprobs, expected, atol=TOL, rtol=0)
 
     # The scorer, whole and with its log-softmax in chunks of 5 positions (24 = 4 x 5 + 4).
-    for cfg in (CFG, CFG.replace(logits_chunk=5)):
+    for cfg in (cfg_sampler, cfg_sampler.replace(logits_chunk=5)):
         scored = sampling.sequence_logprobs(
             cfg,
             params,
@@ -190,8 +194,10 @@ def _random_continuations(rng, lengths):
     return continuations, ids, mask
 
 
-def test_shared_prefix_continuations_match_full_prompts(pair):
-    """Prefix (image + rubric) once per group + N captions == generating from each full prompt."""
+@pytest.mark.parametrize("shared", [False, True], ids=["copied", "shared_prompt_cache"])
+def test_shared_prefix_continuations_match_full_prompts(pair, shared):
+    """Prefix (image + rubric) once per group + N captions == generating from each full prompt
+    (the prefix's cache copied to the N rows, or kept once: cfg.shared_prompt_cache)."""
     _, params = pair
     rng = np.random.default_rng(13)
     prefix_ids, pixels, grid = image_prompt(CFG, [(1, 4, 4)], rng, text_len=3)
@@ -200,7 +206,7 @@ def test_shared_prefix_continuations_match_full_prompts(pair):
     n = 2
     continuations, cont_ids, cont_mask = _random_continuations(rng, [3, 5, 1, 4])
     out = sampling.generate_with_shared_prefix(
-        CFG,
+        CFG.replace(shared_prompt_cache=shared),
         params,
         ids,
         mask,
@@ -356,6 +362,103 @@ def test_decode_writes_the_cache_in_place(pair):
         line for line in hlo.splitlines() if f"= {whole}" in line and any(o in line for o in ops)
     ]
     assert copies == []
+
+
+def test_shared_prompt_attention_equals_attention_over_the_repeated_cache():
+    """Grouped-query attention over a prompt cache kept once per group of N rows, then each row's
+    own slots, against jax.nn.dot_product_attention over the prompt cache repeated N times and
+    joined to the rows' slots (left-padded prompts, masked own slots, 2 query heads per kv head)."""
+    rng = np.random.default_rng(5)
+    prompts, n, t, heads, kv_heads, h, length, own = 2, 3, 2, 4, 2, 8, 7, 5
+    rows = prompts * n
+    normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+    q, k, v = (
+        normal(rows, t, heads, h),
+        normal(rows, own, kv_heads, h),
+        normal(rows, own, kv_heads, h),
+    )
+    pk, pv = normal(prompts, length, kv_heads, h), normal(prompts, length, kv_heads, h)
+    prompt_valid = jnp.asarray(np.arange(length)[None] >= np.array([[0], [3]]))  # left padding
+    own_valid = jnp.asarray(rng.random((rows, own)) < 0.7).at[:, 3:].set(True)
+    mask = qwen3_vl.attention_mask_4d(own_valid, t, 3)  # queries at own slots 3, 4
+    got = text_model.shared_prompt_attention(q, k, v, mask, pk, pv, prompt_valid, 0.3)
+
+    repeat = lambda x: jnp.repeat(x, n, axis=0)
+    full_mask = jnp.concatenate(
+        [jnp.broadcast_to(repeat(prompt_valid)[:, None, None, :], (rows, 1, t, length)), mask], -1
+    )
+    expected = jax.nn.dot_product_attention(
+        q,
+        jnp.concatenate([repeat(pk), k], 1),
+        jnp.concatenate([repeat(pv), v], 1),
+        mask=full_mask,
+        scale=0.3,
+    )
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-6, rtol=1e-6)
+
+
+def test_shared_prompt_cache_holds_each_prompt_once_and_decodes_the_same(pair):
+    """cfg.shared_prompt_cache: the prefill keeps B prompts' cache once ([layers, B, L, ...]) and
+    each of the B*N rows only its reserved slots; repeated into the rows (unshare_prefix) it is the
+    copied layout's cache, and sampling from it draws the same tokens for the same key."""
+    _, params = pair
+    ids, mask, pixels, grid = _prompts("left_padded_batch")
+    n, reserve = 4, 12
+    shared_cfg = CFG.replace(shared_prompt_cache=True)
+    copied = sampling.prefill(CFG, params, ids, mask, pixels, grid, reserve=reserve, num_samples=n)
+    shared = sampling.prefill(
+        shared_cfg, params, ids, mask, pixels, grid, reserve=reserve, num_samples=n
+    )
+    layers, rows, slots = copied.cache["k"].shape[:3]
+    length = slots - reserve
+    assert shared.cache["k"].shape[:3] == (layers, rows, reserve) and shared.next_slot == 0
+    assert shared.shared_cache["k"].shape[:3] == (layers, rows // n, length)
+    unshared = sampling_core.unshare_prefix(shared_cfg, shared)
+    assert unshared.next_slot == copied.next_slot == length
+    np.testing.assert_array_equal(np.asarray(unshared.key_valid), np.asarray(copied.key_valid))
+    valid = np.asarray(copied.key_valid)  # a padding slot's k/v is never read: not compared
+    for name in "kv":
+        np.testing.assert_allclose(
+            np.asarray(unshared.cache[name])[:, valid],
+            np.asarray(copied.cache[name])[:, valid],
+            atol=1e-5,
+        )
+    kwargs = dict(max_new_tokens=reserve, temperature=1.0, rng=jax.random.key(9))
+    a = sampling.decode(CFG, params, copied, **kwargs)
+    b = sampling.decode(shared_cfg, params, shared, **kwargs)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=TOL)
+
+
+def test_scoring_gradient_with_a_shared_prompt_cache():
+    """The RL update's scorer (prefill + extend, differentiated) with the prompt's cache kept once:
+    the same logprobs and gradient as with the cache copied to each of the N completions."""
+    cfg = model.tiny(num_layers=3, num_heads=4, num_kv_heads=2)
+    params = model.init_params(cfg, 0)
+    rng = np.random.default_rng(4)
+    ids, mask = left_pad([rng.integers(0, 240, 12), rng.integers(0, 240, 9)])
+    prompt = sampling.prepare_prompt(cfg, ids, mask, reserve=8)
+    completion = jnp.asarray(rng.integers(0, 240, (6, 8)), jnp.int32)
+    completion_mask = jnp.asarray(np.arange(8)[None] < rng.integers(1, 9, (6, 1)))
+
+    def score(c, p):
+        return sampling.completion_logprobs(
+            c, p, prompt, completion, completion_mask, num_samples=3
+        )
+
+    results = [
+        jax.value_and_grad(lambda p, c=c: score(c, p).sum())(params)
+        for c in (cfg, cfg.replace(shared_prompt_cache=True))
+    ]
+    (value_a, grad_a), (value_b, grad_b) = results
+    np.testing.assert_allclose(float(value_a), float(value_b), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(score(cfg, params)),
+        np.asarray(score(cfg.replace(shared_prompt_cache=True), params)),
+        atol=1e-6,
+    )
+    for a, b in zip(jax.tree.leaves(grad_a), jax.tree.leaves(grad_b)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
 
 
 def test_scoring_gradient_with_remat_saves_no_whole_cache_per_layer():

@@ -78,6 +78,11 @@ class ModelConfig:
     scoring, prefill) run `attention_chunk` queries at a time against only the keys up to the
     chunk's end: causal masking makes the skipped scores zero, so the result is unchanged and
     about half the [T, T] scores are never computed (0: all queries at once).
+    `shared_prompt_cache` makes sampling keep one KV cache per prompt for its N samples (and the
+    RL update's scoring of N completions per prompt) instead of N copies: each row's own cache
+    holds only the slots after the prompt and attention reads the prompt's slots once per group
+    (`mocojax.model.text.shared_prompt_attention`); the same attention up to float rounding, N
+    times less cache memory for the prompt, and no N-fold copy read at every decoded token.
     `activation_sharding` (a jax.sharding.Sharding of [B, L, D] hidden states, set by
     `mocojax.sharding.model_config`) pins the decoder's hidden states to it at every layer, so
     a mesh shards activations by rows instead of by the embed dim the weights are split on.
@@ -95,6 +100,7 @@ class ModelConfig:
     remat: bool = False
     logits_chunk: int = 0
     attention_chunk: int = 0
+    shared_prompt_cache: bool = False
     activation_sharding: Any = None
 
     def __post_init__(self):

@@ -200,6 +200,7 @@ def apply(
     write_index=0,
     output_hidden_states: bool = False,
     return_hidden: bool = False,
+    shared: tuple | None = None,
 ):
     """Jittable forward: returns (logits [B, T, V] float32, aux dict).
 
@@ -208,7 +209,9 @@ def apply(
     records (`segment_mask`: no attention across records). With `cache` ({"k","v"} [layers, B, S, K, H]) the T new
     tokens are written at slots write_index..write_index+T-1 and attend to every valid slot;
     key_valid [B, S] says which slots are real. aux holds "cache", "hidden_states" (per-layer
-    outputs when asked) and "hidden" (final normed hidden, when return_hidden).
+    outputs when asked) and "hidden" (final normed hidden, when return_hidden). shared
+    ({"k","v"} [layers, P, L, K, H], valid [P, L]), with a cache: a prompt cache that each B/P
+    consecutive rows attend to before their own cache (sampling's shared prompt cache).
     """
     model = _merge(cfg, params)
     dtype = jnp.dtype(cfg.dtype)
@@ -235,6 +238,7 @@ def apply(
         cache=cache,
         write_index=write_index,
         output_hidden_states=output_hidden_states,
+        shared=shared,
     )
     aux = {"cache": new_cache, "hidden_states": hidden_states}
     if return_hidden:

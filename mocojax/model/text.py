@@ -32,6 +32,41 @@ def causal_chunked_attention(q, k, v, mask, scale, chunk):
     return jnp.concatenate(out, axis=1)
 
 
+def shared_prompt_attention(q, k, v, mask, prompt_k, prompt_v, prompt_valid, scale):
+    """Returns the attention of q over a prompt cache shared by groups of rows and each row's own slots.
+
+    q [R, T, n, h]; k/v [R, S, K, h] and mask [R, 1, T, S]: each row's own slots (what it
+    generated or appended after the prompt); prompt_k/prompt_v [B, L, K, h] and prompt_valid
+    [B, L]: the prompt's cache, read by its R/B consecutive rows (row b*N+j is sample j of
+    prompt b). The same softmax over the prompt's slots followed by the row's as
+    jax.nn.dot_product_attention over the prompt's cache repeated N times along the rows and
+    joined to the rows' slots, without building (or reading N times) the repeated copy; query
+    head n reads kv head n // (n_heads / K), as there. Logits and softmax in float32.
+    """
+    rows, t, n, h = q.shape
+    prompts, length, kv_heads, _ = prompt_k.shape
+    per, groups = rows // prompts, n // kv_heads
+    qg = q.reshape(prompts, per, t, kv_heads, groups, h)
+    own_k = k.reshape(prompts, per, -1, kv_heads, h)
+    own_v = v.reshape(prompts, per, -1, kv_heads, h)
+    f32 = jnp.float32
+    big_negative = jnp.asarray(-0.7 * jnp.finfo(f32).max, f32)
+    prompt_scores = jnp.einsum("bntkgh,blkh->bntkgl", qg, prompt_k, preferred_element_type=f32)
+    own_scores = jnp.einsum("bntkgh,bnskh->bntkgs", qg, own_k, preferred_element_type=f32)
+    prompt_scores = jnp.where(
+        prompt_valid.astype(bool)[:, None, None, None, None, :],
+        prompt_scores * jnp.asarray(scale, f32),
+        big_negative,
+    )
+    own_mask = mask.reshape(prompts, per, t, 1, 1, -1)
+    own_scores = jnp.where(own_mask, own_scores * jnp.asarray(scale, f32), big_negative)
+    probs = jax.nn.softmax(jnp.concatenate([prompt_scores, own_scores], axis=-1), axis=-1)
+    out = jnp.einsum(
+        "bntkgl,blkh->bntkgh", probs[..., :length].astype(prompt_v.dtype), prompt_v
+    ) + jnp.einsum("bntkgs,bnskh->bntkgh", probs[..., length:].astype(own_v.dtype), own_v)
+    return out.reshape(rows, t, n, h).astype(q.dtype)
+
+
 class Attention(nnx.Module):
     def __init__(self, t: TextConfig, *, param_dtype, dtype, rngs, attention_chunk=0):
         d, n, k, h, std = (
@@ -67,11 +102,13 @@ class Attention(nnx.Module):
         y = jnp.einsum("btd,dnh->btnh", x, getattr(self, f"{name}_proj")[...].astype(self.dtype))
         return y + getattr(self, f"{name}_bias")[...].astype(self.dtype) if self.bias else y
 
-    def __call__(self, x, cos, sin, mask, kv_cache, write_index):
+    def __call__(self, x, cos, sin, mask, kv_cache, write_index, shared=None):
         """Returns (out [B, T, D], (k, v)): without kv_cache the new k/v [B, T, K, H]; with
         kv_cache (k, v) (this layer's cache [B, S, K, H]) that cache with the new k/v written at
         write_index; with kv_cache (k, v, layer) (every layer's cache [layers, B, S, K, H] and
-        this layer's index) that cache with the new k/v written at (layer, write_index)."""
+        this layer's index) that cache with the new k/v written at (layer, write_index).
+        shared (k, v, valid): this layer's prompt cache [P, L, K, H] and its valid slots [P, L],
+        read by each P-th of the rows before their own cache (`shared_prompt_attention`)."""
         q = apply_rotary(self.q_norm(self._proj(x, "q")), cos, sin)
         k = apply_rotary(self.k_norm(self._proj(x, "k")), cos, sin)
         v = self._proj(x, "v")
@@ -96,7 +133,9 @@ class Attention(nnx.Module):
             )
             new_kv = (k, v)
         k, v, scale = k.astype(self.dtype), v.astype(self.dtype), self.head_dim**-0.5
-        if kv_cache is None and 0 < self.attention_chunk < q.shape[1]:
+        if shared is not None:
+            out = shared_prompt_attention(q, k, v, mask, *shared, scale)
+        elif kv_cache is None and 0 < self.attention_chunk < q.shape[1]:
             # Without a cache the mask is causal (qwen3_vl.segment_mask).
             out = causal_chunked_attention(q, k, v, mask, scale, self.attention_chunk)
         else:
@@ -129,8 +168,10 @@ class DecoderLayer(nnx.Module):
         self.post_attention_norm = RMSNorm(t.hidden_size, "embed", eps=t.rms_norm_eps, **kw)
         self.mlp = MLP(t, rngs=rngs, **kw)
 
-    def __call__(self, x, cos, sin, mask, kv_cache, write_index):
-        attn, new_kv = self.attn(self.input_norm(x), cos, sin, mask, kv_cache, write_index)
+    def __call__(self, x, cos, sin, mask, kv_cache, write_index, shared=None):
+        attn, new_kv = self.attn(
+            self.input_norm(x), cos, sin, mask, kv_cache, write_index, shared=shared
+        )
         x = x + attn
         return x + self.mlp(self.post_attention_norm(x)), new_kv
 
@@ -194,11 +235,14 @@ class TextModel(nnx.Module):
         cache=None,
         write_index=0,
         output_hidden_states=False,
+        shared=None,
     ):
         """Runs every decoder layer and the final norm.
 
         x [B, T, D]; cos/sin [B, T, head_dim]; mask [B, 1, T, S]; deepstack [n_ds, B, T, D] added
-        after the first n_ds layers; cache {"k", "v"} [layers, B, S, K, H] or None.
+        after the first n_ds layers; cache {"k", "v"} [layers, B, S, K, H] or None; shared
+        ({"k", "v"} [layers, P, L, K, H], valid [P, L]) or None: a prompt cache that each B/P
+        consecutive rows read before their own cache (Attention's `shared`).
         Returns (hidden [B, T, D], new cache or None, per-layer outputs [layers, B, T, D] or None).
 
         The cache of a one-token step (a decode step) rides in the scans' carry and each layer
@@ -213,11 +257,12 @@ class TextModel(nnx.Module):
         in_place = cache is not None and x.shape[1] == 1
 
         def layer_fn(layer, carry, xs):
-            index, kv, ds = xs
+            index, kv, ds, prompt_kv = xs
             if in_place:
                 carry, kv = carry[0], (*carry[1], index)
             h = self._constrain(carry)
-            h, new_kv = layer(h, cos, sin, mask, kv, write_index)
+            layer_shared = None if prompt_kv is None else (*prompt_kv, shared[1])
+            h, new_kv = layer(h, cos, sin, mask, kv, write_index, shared=layer_shared)
             out_h = h
             if ds is not None:
                 h = h + ds
@@ -242,11 +287,17 @@ class TextModel(nnx.Module):
                 if cache is not None and not in_place
                 else None
             )
+            # a shared prompt cache is read only: each layer's slice as an input
+            prompt_kv = (
+                None
+                if shared is None
+                else jax.tree.map(lambda a: a[start:stop], (shared[0]["k"], shared[0]["v"]))
+            )
             carry, ys = scan_layers(
                 self.layers,
                 carry,
                 layer_fn,
-                xs=(index, kv, ds),
+                xs=(index, kv, ds, prompt_kv),
                 start=start,
                 stop=stop,
                 remat=self.remat,
