@@ -124,6 +124,42 @@ def test_plan_fakes_the_mesh_size_from_either_flag_form():
     assert plan.fake_device_count([]) == 8
 
 
+def test_plan_counts_one_prompt_cache_per_group_with_shared_prompt_cache():
+    """The memory plan's sampler rows with model.shared_prompt_cache: the decode loop's KV cache
+    is the rows' own slots plus one prompt cache per group (hand-counted bytes), not every row's
+    prompt + own slots, and XLA's arguments of the loop shrink with it."""
+    from mocojax import plan
+
+    mesh = sharding.make_mesh("fsdp=1")
+    prompts, n, prompt_length, cache_length = 2, 4, 16, 48
+    rows = {}
+    for shared in (False, True):
+        cfg = sharding.model_config(model.tiny(shared_prompt_cache=shared), mesh)
+        out = plan.plan(
+            cfg,
+            mesh,
+            sharding.DEFAULT_RULES,
+            sft_global_batch=2,
+            rl_accum=1,
+            length=32,
+            decode_rows_per_device=prompts * n,
+            cache_length=cache_length,
+            prompt_length=prompt_length,
+            num_samples=n,
+            rl_new_tokens=0,
+        )
+        rows[shared] = {r.name: r for r in out}
+    t = model.tiny().text
+    per_slot = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * 4  # k and v, float32
+    copied = prompts * n * cache_length * per_slot
+    kept = (prompts * n * (cache_length - prompt_length) + prompts * prompt_length) * per_slot
+    decode = {s: rows[s]["sampler decode loop"] for s in rows}
+    assert decode[False].analytic["kv_cache"] == copied
+    assert decode[True].analytic["kv_cache"] == kept
+    assert decode[True].arguments < decode[False].arguments
+    assert rows[True]["sampler prefill"].outputs < rows[False]["sampler prefill"].outputs
+
+
 def test_sharded_steps_match_single_device_on_8_fake_devices():
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("XLA_FLAGS", None)
