@@ -67,7 +67,7 @@ def build(cfg):
     return ref, params
 
 
-def prompts(cfg, with_image: bool, rng):
+def prompts(cfg, with_image: bool, rng, text_len: int = TEXT_LEN):
     """Returns (ids [B, L], mask, pixel_values or None, grid or None): text, optionally one image, text."""
     merge = cfg.vision.spatial_merge_size
     image = (
@@ -76,9 +76,9 @@ def prompts(cfg, with_image: bool, rng):
         + [cfg.vision_end_token_id]
     )
     rows = [
-        list(rng.integers(0, cfg.vision_start_token_id, TEXT_LEN // 2))
+        list(rng.integers(0, cfg.vision_start_token_id, text_len // 2))
         + (image if with_image else [])
-        + list(rng.integers(0, cfg.vision_start_token_id, TEXT_LEN // 2))
+        + list(rng.integers(0, cfg.vision_start_token_id, text_len // 2))
         for _ in range(PROMPTS)
     ]
     ids = np.array(rows, np.int64)
@@ -183,7 +183,6 @@ def main():
         "--no_transformers", action="store_true", help="skip transformers (mocojax rows only)"
     )
     args = parser.parse_args()
-    globals()["TEXT_LEN"] = args.text_len
     torch.set_num_threads(os.cpu_count())
     tokens = PROMPTS * SAMPLES * NEW_TOKENS
     rows, shared_rows = [], []
@@ -191,7 +190,9 @@ def main():
         cfg = CONFIGS[name]
         ref, params = build(cfg)
         for with_image in (False, True):
-            ids, mask, pixels, grid = prompts(cfg, with_image, np.random.default_rng(0))
+            ids, mask, pixels, grid = prompts(
+                cfg, with_image, np.random.default_rng(0), args.text_len
+            )
             first, ours_s = best_time(
                 ours(cfg, params, ids, mask, pixels, grid, SAMPLES), args.repeats
             )

@@ -145,26 +145,25 @@ def prefill_core(
     repeat = functools.partial(
         jnp.repeat, repeats=num_samples, total_repeat_length=batch * num_samples
     )
+    rows = dict(
+        next_position=repeat(prompt.next_position, axis=0),
+        last_logits=repeat(last_logits, axis=0),
+    )
     if shared:
-        rows = batch * num_samples
-        own = (t.num_hidden_layers, rows, reserve, t.num_key_value_heads, t.head_dim)
+        own = (t.num_hidden_layers, batch * num_samples, reserve) + shape[3:]
         return Prefix(
-            cache=_constrain_cache(
-                cfg, {"k": jnp.zeros(own, cfg.dtype), "v": jnp.zeros(own, cfg.dtype)}
-            ),
-            key_valid=jnp.zeros((rows, reserve), bool),
-            next_position=repeat(prompt.next_position, axis=0),
-            last_logits=repeat(last_logits, axis=0),
+            cache=_constrain_cache(cfg, {name: jnp.zeros(own, cfg.dtype) for name in "kv"}),
+            key_valid=jnp.zeros(own[1:3], bool),
             next_slot=0,
             shared_cache=_constrain_cache(cfg, aux["cache"]),
             shared_valid=key_valid,
+            **rows,
         )
     return Prefix(
         cache=_constrain_cache(cfg, jax.tree.map(lambda c: repeat(c, axis=1), aux["cache"])),
         key_valid=repeat(key_valid, axis=0),
-        next_position=repeat(prompt.next_position, axis=0),
-        last_logits=repeat(last_logits, axis=0),
         next_slot=length,
+        **rows,
     )
 
 
