@@ -22,8 +22,11 @@ existing SFT checkpoint"), with stages ("rl", "eval") and the eval scoring the R
 Resume: a run whose result file exists is skipped; any other run is started again on its
 workdir, where mocojax.main resumes from the latest checkpoint. A workdir started with settings
 other than the planned ones (a default changed since) stops the grid before anything runs.
-Results: <workdir>/results.json, <workdir>/results.md (per row mean ± std over seeds, the paper's number beside it) and
-<workdir>/tracking_error.png (tracking error vs step for m = 0.9, 0.99, 0.999 and frozen).
+Results: <workdir>/results.json, <workdir>/results.md (per row mean ± std over seeds, the paper's number beside it),
+<workdir>/tracking_error.png (tracking error vs step for m = 0.9, 0.99, 0.999 at H = 1 and frozen)
+and <workdir>/tracking_error_mh.png (every (m, H) row and frozen). They cover every row and seed
+finished in the workdir, whichever invocation (`--rows`, `--seeds`) ran it, so invocations run
+side by side or one after another on one workdir add up to one table.
 docs/ablations.md has what each row means.
 """
 
@@ -44,6 +47,7 @@ import numpy as np
 from mocojax.ablate_rows import (  # noqa: F401
     GRID_TABLE,
     METRICS,
+    MH_TRACKING_ROWS,
     PAPER_M8,
     ROW_NAMES,
     ROWS,
@@ -361,6 +365,60 @@ def execute(runs, log=print):
     return results
 
 
+def workdir_seeds(root):
+    """Returns the seeds (sorted) that have a run directory in the grid workdir root:
+    sft/<kind>/seed<s> or rows/<row>/seed<s>."""
+    seeds = set()
+    for path in glob.glob(os.path.join(root, "sft", "*", "seed*")) + glob.glob(
+        os.path.join(root, "rows", "*", "seed*")
+    ):
+        if m := re.fullmatch(r"seed(\d+)", os.path.basename(path)):
+            if int(m.group(1)) >= 1:
+                seeds.add(int(m.group(1)))
+    return tuple(sorted(seeds))
+
+
+def finished_results(grid, root, known=(), log=print):
+    """Returns {(kind, name, seed): metrics} of every run of the grid finished in root (any seed
+    with a run directory, whichever invocation ran it) whose key is not in known, so that the
+    table covers every finished row, not only this invocation's. A finished run started with
+    other settings than the grid now plans is left out, and said to be."""
+    seeds = workdir_seeds(root)
+    if not seeds:
+        return {}
+    results = {}
+    for run in plan(grid, seeds, root):
+        key = (run.kind, run.name, run.seed)
+        if key in known or not os.path.exists(run.result_path):
+            continue
+        if diff := settings_changed(run, load_config(run)):
+            log(
+                f"not in the table: {run.kind} {run.name} seed {run.seed} ran with other "
+                f"settings than the grid now plans ({'; '.join(diff)})"
+            )
+            continue
+        with open(run.result_path) as f:
+            results[key] = json.load(f)
+    return results
+
+
+def rows_with_results(grid, results, rows=None):
+    """Returns the grid's row names (grid order) that have a result in results, and rows (the
+    invoked ones, done or not; None: the whole grid). A row that reuses another's runs
+    (row.same_as: grid_m0.99_H1 is M8_method) is listed only when invoked, as it adds no run."""
+    g = grid_of(grid)
+    have = {(kind, name) for kind, name, _ in results}
+    out = []
+    for row in g.rows:
+        if rows is None or row.name in rows:
+            out.append(row.name)
+        elif not row.same_as:
+            key = ("sft", row.sft) if row.sft_only else ("rl", row.name)
+            if key in have:
+                out.append(row.name)
+    return out
+
+
 def _stats(values):
     values = [v for v in values if v is not None]
     if not values:
@@ -381,7 +439,20 @@ def aggregate(results, seeds, rows=None, grid="paper"):
         source = by_name[row.same_as] if row.same_as else row
         key = ("sft", source.sft) if source.sft_only else ("rl", source.name)
         per_seed = {s: results[(*key, s)] for s in seeds if (*key, s) in results}
-        stats = {m: _stats([r.get(m) for r in per_seed.values()]) for m, _ in METRICS}
+        # An RL row's gain: its F1 minus that of the SFT run it started from, seed by seed.
+        gains = {
+            s: r["f1"] - results[("sft", source.sft, s)]["f1"]
+            for s, r in per_seed.items()
+            if not source.sft_only
+            and r.get("f1") is not None
+            and results.get(("sft", source.sft, s), {}).get("f1") is not None
+        }
+        stats = {
+            m: _stats(
+                list(gains.values()) if m == "f1_gain" else [r.get(m) for r in per_seed.values()]
+            )
+            for m, _ in METRICS
+        }
         curves = [r.get("tracking_error") or [] for r in per_seed.values()]
         table[name] = {
             "what": row.what,
@@ -435,7 +506,9 @@ def markdown_table(table, seeds, note=""):
     notes = [
         "",
         "Toy-world metrics on held-out scenes of each data seed (greedy): F1, hallucinated "
-        "objects per caption and words of the scored Policy; the Judge's balanced accuracy is "
+        "objects per caption and words of the scored Policy; RL − SFT F1 is an RL row's F1 "
+        "minus that of the SFT run it started from, on the same seed and scenes, before the "
+        "mean over seeds; the Judge's balanced accuracy is "
         "that of the scored checkpoint's Judge role (the RL Policy's parameters, not the "
         "momentum copy). Zero-variance groups, within-group r(reward, true F1) and the tracking "
         "error ||theta - phi|| come from the RL run's metrics.jsonl (means over updates; the "
@@ -452,14 +525,25 @@ def markdown_table(table, seeds, note=""):
 COLOURS = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (90, 90, 90))
 
 
-def plot_tracking(table, path, size=(640, 400)):
-    """Writes a PNG of tracking error vs step for the TRACKING_ROWS series present (pillow);
+def _lighter(colour, amount):
+    """Returns colour mixed with white (amount 0: the colour, 1: white)."""
+    return tuple(round(c + (255 - c) * amount) for c in colour)
+
+
+# MH_TRACKING_ROWS' colours: m's colour of COLOURS, lighter as H grows (1, 5, 10); frozen grey.
+MH_COLOURS = tuple(_lighter(c, a) for c in COLOURS[:3] for a in (0.0, 0.4, 0.7)) + (COLOURS[3],)
+
+
+def plot_tracking(table, path, size=(640, 400), rows=None, colours=COLOURS):
+    """Writes a PNG of tracking error vs step for the series of rows ({label: row name}, default
+    TRACKING_ROWS) present in table, drawn in colours (one per series, in rows' order; pillow);
     returns the labels drawn."""
     from PIL import Image, ImageDraw
 
+    rows = TRACKING_ROWS if rows is None else rows
     series = [
         (label, table[name]["tracking_error"], colour)
-        for (label, name), colour in zip(TRACKING_ROWS.items(), COLOURS)
+        for (label, name), colour in zip(rows.items(), colours, strict=True)
         if name in table and table[name]["tracking_error"]
     ]
     width, height = size
@@ -509,7 +593,8 @@ def excluded_note(grid):
 
 
 def write_outputs(root, grid, seeds, table, wall_s, note=""):
-    """Writes results.json, results.md and tracking_error.png into root."""
+    """Writes results.json, results.md, tracking_error.png (m at H = 1, frozen) and
+    tracking_error_mh.png (every (m, H) row, frozen) into root."""
     with open(os.path.join(root, "results.json"), "w") as f:
         json.dump(
             {"grid": grid, "seeds": list(seed_list(seeds)), "wall_s": wall_s, "rows": table},
@@ -519,6 +604,13 @@ def write_outputs(root, grid, seeds, table, wall_s, note=""):
     with open(os.path.join(root, "results.md"), "w") as f:
         f.write(markdown_table(table, seeds, note))
     plot_tracking(table, os.path.join(root, "tracking_error.png"))
+    plot_tracking(
+        table,
+        os.path.join(root, "tracking_error_mh.png"),
+        size=(640, 480),
+        rows=MH_TRACKING_ROWS,
+        colours=MH_COLOURS,
+    )
 
 
 def main(argv=None):
@@ -533,7 +625,7 @@ def main(argv=None):
     parser.add_argument(
         "--seeds",
         default="3",
-        help="data / init seeds: N (1..N), a comma list (2,3) or a range (2-3)",
+        help="data / init seeds: N (1..N), a comma list (2,3) or a range (2-3); one seed s: s-s",
     )
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--rows", default="", help="comma-separated row names (default: all)")
@@ -565,6 +657,8 @@ def main(argv=None):
             print(f"paper row {name} has no {args.grid}-grid counterpart: {why}")
         print(f"{len(runs)} runs")
         return runs
+    # Said first: `--seeds 2` is seeds 1 and 2, not seed 2 alone (that is --seeds 2-2).
+    print(f"seeds {', '.join(map(str, seed_list(args.seeds)))}: {len(runs)} runs")
     start = time.perf_counter()
     root = os.path.abspath(args.workdir)
     if args.compile_cache != "off":
@@ -572,12 +666,15 @@ def main(argv=None):
 
         config_utils.use_compile_cache(args.compile_cache or os.path.join(root, "jax_cache"))
     results = execute(runs)
+    # The table covers every row and seed finished in the workdir, whichever invocation ran it.
+    results.update(finished_results(args.grid, root, known=results))
+    seeds = tuple(sorted(set(seed_list(args.seeds)) | {s for _, _, s in results}))
     # Wall time of every run, resumed ones included (their earlier part is not counted).
     wall = sum(r["wall_s"] for r in results.values())
-    table = aggregate(results, args.seeds, rows, args.grid)
+    table = aggregate(results, seeds, rows_with_results(args.grid, results, rows), args.grid)
     note = excluded_note(args.grid)
-    write_outputs(root, args.grid, args.seeds, table, wall, note)
-    print(markdown_table(table, args.seeds, note))
+    write_outputs(root, args.grid, seeds, table, wall, note)
+    print(markdown_table(table, seeds, note))
     print(f"grid wall time (this invocation): {time.perf_counter() - start:.0f} s")
     return runs
 

@@ -149,6 +149,17 @@ DEFAULT_EXCLUDED = {
     "evolm": "trains a learned Generator on the Policy's parameters: the recipe has none",
 }
 DEFAULT_SAME = {"role_judge_ema": "M8_method"}  # the Generator is exact: EMA on the Judge = M8
+# Rows of the default grid only, each after the row it reads against: not the paper's rows but
+# controls that say why one of them scores as it does.
+DEFAULT_EXTRA = {
+    "rubicap": Row(
+        "rubicap_exact_judge",
+        "RubiCap's committee rubrics judged by the world's exact Judge (control: the rubric "
+        "without a Judge to game)",
+        config="rl_rubicap",
+        overrides=(("rl.judge", "exact"),),
+    ),
+}
 
 
 def _default_rows():
@@ -164,6 +175,8 @@ def _default_rows():
                 same_as=DEFAULT_SAME[row.name],
             )
         rows.append(row)
+        if row.name in DEFAULT_EXTRA:
+            rows.append(DEFAULT_EXTRA[row.name])
     return tuple(rows)
 
 
@@ -200,6 +213,15 @@ TRACKING_ROWS = {
     "m = 0.999": "grid_m0.999_H1",
     "frozen": "M6_shared_frozen",
 }
+# Rows the second plot (tracking_error_mh.png) draws: every (m, H) of the grid, and frozen roles.
+MH_TRACKING_ROWS = {
+    **{
+        f"{m}, H = {h}": "M8_method" if (m, h) == (0.99, 1) else f"grid_m{m}_H{h}"
+        for m in (0.9, 0.99, 0.999)
+        for h in (1, 5, 10)
+    },
+    "frozen": "M6_shared_frozen",
+}
 # Short runs for tests (the tiny grids): 2 SFT steps and 2 RL updates of every row's tiny config.
 TINY_OVERRIDES = (
     ("sft.num_steps", 2),
@@ -210,6 +232,7 @@ TINY_OVERRIDES = (
 )
 METRICS = (
     ("f1", "held-out F1"),
+    ("f1_gain", "RL − SFT F1 (same seed)"),
     ("hallucinated_per_caption", "halluc./caption"),
     ("caption_words", "words"),
     ("judge_balanced_accuracy", "Judge bal. acc"),

@@ -190,9 +190,17 @@ def test_markdown_table_and_plot_by_hand(tmp_path):
         ("rl", "M8_method", 1): {"f1": 0.5, "tracking_error": [(1, 0.1), (2, 0.2)]},
         ("rl", "M8_method", 2): {"f1": 0.7, "tracking_error": [(1, 0.3), (2, 0.4)]},
         ("rl", "M6_shared_frozen", 1): {"f1": 0.4, "tracking_error": [(1, 1.0), (2, 2.0)]},
+        ("sft", "shared", 1): {"f1": 0.45},
+        ("sft", "shared", 2): {"f1": 0.55},
     }
-    table = ablate.aggregate(results, 2, ["M8_method", "role_both_ema", "M6_shared_frozen"])
+    names = ["M2_shared_sft", "M8_method", "role_both_ema", "M6_shared_frozen"]
+    table = ablate.aggregate(results, 2, names)
     assert table["M8_method"]["mean"]["f1"] == pytest.approx(0.6)
+    # RL − SFT seed by seed: M8 0.05 and 0.15; M6 (seed 1 only) -0.05; the SFT row has none.
+    assert table["M8_method"]["mean"]["f1_gain"] == pytest.approx(0.1)
+    assert table["M8_method"]["std"]["f1_gain"] == pytest.approx(np.std([0.05, 0.15], ddof=1))
+    assert table["M6_shared_frozen"]["mean"]["f1_gain"] == pytest.approx(-0.05)
+    assert table["M2_shared_sft"]["mean"]["f1_gain"] is None
     assert table["M8_method"]["std"]["f1"] == pytest.approx(np.std([0.5, 0.7], ddof=1))
     assert table["role_both_ema"]["mean"]["f1"] == pytest.approx(0.6)  # M8's runs
     assert table["M8_method"]["tracking_error"] == [
@@ -202,6 +210,7 @@ def test_markdown_table_and_plot_by_hand(tmp_path):
     assert table["M6_shared_frozen"]["std"]["f1"] == 0.0  # one seed
     text = ablate.markdown_table(table, 2)
     assert "| M8_method |" in text and "0.600 ± 0.141" in text and "72.14" in text
+    assert "0.100 ± 0.071" in text  # M8's gain over its SFT runs
     assert "| 1/2 |" in text  # M6 has one seed of two
     path = tmp_path / "plot.png"
     assert ablate.plot_tracking(table, path) == ["m = 0.99", "frozen"]
@@ -209,6 +218,18 @@ def test_markdown_table_and_plot_by_hand(tmp_path):
     colours = {tuple(c) for c in image.reshape(-1, 3)}
     assert ablate.COLOURS[1] in colours and ablate.COLOURS[3] in colours  # m = 0.99, frozen
     assert ablate.COLOURS[0] not in colours  # no m = 0.9 run
+    # The (m, H) plot: m's colour lighter as H grows; the rows present only.
+    table["grid_m0.9_H5"] = {"tracking_error": [(1, 0.05), (2, 0.06)]}
+    path = tmp_path / "plot_mh.png"
+    labels = ablate.plot_tracking(
+        table, path, rows=ablate.MH_TRACKING_ROWS, colours=ablate.MH_COLOURS
+    )
+    assert labels == ["0.9, H = 5", "0.99, H = 1", "frozen"]
+    assert ablate.MH_COLOURS[1] == (121, 173, 210)  # (31, 119, 180) + 0.4 of the way to white
+    image = np.asarray(Image.open(path).convert("RGB"))
+    colours = {tuple(c) for c in image.reshape(-1, 3)}
+    assert {ablate.MH_COLOURS[1], ablate.MH_COLOURS[3], ablate.MH_COLOURS[9]} <= colours
+    assert ablate.MH_COLOURS[0] not in colours  # no (0.9, 1) run
 
 
 @pytest.fixture(scope="module")
@@ -265,6 +286,52 @@ def test_tiny_grid_resumes(tiny_grid, monkeypatch):
     assert (row_dir / "ablate_result.json").exists()
 
 
+def test_an_invocation_of_some_rows_tables_every_row_finished_in_the_workdir(
+    tiny_grid, monkeypatch, capsys
+):
+    """`--rows M8_method` on a finished grid rewrites results.json with every finished row (an
+    alias row only when named), leaving out and naming a run started with other settings."""
+    ran = []
+    monkeypatch.setattr(main_lib, "run", lambda config, workdir: ran.append(workdir))
+    path = tiny_grid / "rows" / "M7_shared_copy" / "seed1" / "config.json"
+    original = path.read_text()
+    recorded = json.loads(original)
+    recorded["rl"]["momentum"] = 0.5
+    try:
+        path.write_text(json.dumps(recorded))
+        ablate.main(
+            ["--grid", "tiny", "--seeds", "1", "--workdir", str(tiny_grid)]
+            + ["--rows", "M8_method"]
+        )
+        out = capsys.readouterr().out
+        with open(tiny_grid / "results.json") as f:
+            rows = json.load(f)["rows"]
+        aliases = {r.name for r in ablate.ROWS if r.same_as}
+        expected = [n for n in ablate.ROW_NAMES if n not in aliases | {"M7_shared_copy"}]
+        assert list(rows) == expected
+        assert "not in the table: rl M7_shared_copy seed 1 ran with other settings" in out
+        assert "rl.momentum: " in out
+        assert (tiny_grid / "results.md").read_text().count("\n| ") == len(expected)
+        assert Image.open(tiny_grid / "tracking_error_mh.png").size == (640, 480)
+    finally:
+        path.write_text(original)
+    assert ran == []
+
+
+def test_workdir_seeds_are_the_run_directories_seeds(tmp_path):
+    assert ablate.workdir_seeds(tmp_path) == ()
+    for d in (
+        "sft/shared/seed3",
+        "rows/M8_method/seed2",
+        "rows/M6_shared_frozen/seed2",
+        "rows/M8_method/seed0",
+        "rows/M8_method/seedx",
+        "rows/M8_method/other",
+    ):
+        (tmp_path / d).mkdir(parents=True)
+    assert ablate.workdir_seeds(tmp_path) == (2, 3)
+
+
 def test_grid_refuses_a_workdir_started_with_other_settings(tiny_grid, monkeypatch, tmp_path):
     """A finished (or half-finished) run whose config.json differs from the planned config, as
     after a changed default, stops the grid before any run starts, naming the run and the key."""
@@ -310,7 +377,9 @@ def test_default_grid_plans_the_recipes_rows_and_names_the_ones_it_leaves_out(tm
     assert "role_generator_ema" not in names and "evolm" not in names
     assert "paper row evolm has no default-grid counterpart" in out
     assert "row role_judge_ema reuses the runs of M8_method" in out
-    assert set(names) == set(ablate.ROW_NAMES) - {"role_generator_ema", "evolm"}
+    extra = {"rubicap_exact_judge"}  # the default grid's control row, after RubiCap's
+    assert set(names) == set(ablate.ROW_NAMES) - {"role_generator_ema", "evolm"} | extra
+    assert names[names.index("rubicap") + 1] == "rubicap_exact_judge"
     run_rows = [r for r in grid.rows if not r.sft_only and not r.same_as]
     assert len(runs) == 2 * (len(grid.sft_kinds) + len(run_rows))
     # Every run builds on the default command's recipe: its config, its own SFT mix as M2.
@@ -330,6 +399,9 @@ def test_default_grid_plans_the_recipes_rows_and_names_the_ones_it_leaves_out(tm
     assert dict(by_name["roles_only"].overrides)["data.mix"] == (0, 0, 1)  # a Judge alone
     assert ablate.load_config(by_name["M6_shared_frozen"]).rl.momentum == 1.0
     assert ablate.load_config(by_name["rubicap"]).rl.rubrics == "committee"
+    control = ablate.load_config(by_name["rubicap_exact_judge"])
+    assert control.rl.rubrics == "committee" and control.rl.judge == "exact"
+    assert ablate.load_config(by_name["rubicap"]).rl.judge == "frozen"
     with pytest.raises(ValueError, match="not in the default grid: trains a learned Generator"):
         ablate.plan("default", 1, str(tmp_path), ["evolm"])
     assert not os.listdir(tmp_path)
