@@ -303,7 +303,9 @@ def settings_changed(run, config):
     another version of the code, is not compared); [] for a workdir not started yet.
 
     A path inside the grid's workdir (another run's SFT, `rl.roles_init`) is compared by its
-    part under the grid root, so a grid copied or moved elsewhere still resumes."""
+    part under the grid root, and a path inside this checkout (the shipped base of
+    `model.init_from`) by its part under the checkout, so a grid copied or moved elsewhere, or
+    resumed from another clone of the repository, still resumes."""
     path = os.path.join(run.workdir, "config.json")
     if not os.path.exists(path):
         return []
@@ -313,8 +315,10 @@ def settings_changed(run, config):
     root = os.path.dirname(os.path.dirname(os.path.dirname(run.workdir)))  # <root>/<x>/<y>/seed<s>
 
     def same(old, new):
-        if isinstance(old, str) and isinstance(new, str) and new.startswith(root + os.sep):
-            return old.endswith(new[len(root) :])
+        if isinstance(old, str) and isinstance(new, str):
+            for base in (root, REPO):
+                if new.startswith(base + os.sep):
+                    return old.endswith(new[len(base) :])
         return old == new
 
     return [

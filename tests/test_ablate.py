@@ -318,6 +318,29 @@ def test_an_invocation_of_some_rows_tables_every_row_finished_in_the_workdir(
     assert ran == []
 
 
+def test_a_run_started_from_another_clone_of_the_repository_counts_as_the_same(tmp_path):
+    """model.init_from (the shipped base inside the checkout) recorded under another clone's
+    path is the same setting; another base, or another value, is not."""
+    run = ablate.plan("default", 1, str(tmp_path), ["M8_method"])[0]
+    config = ablate.load_config(run)
+    planned = config.model.init_from
+    assert planned.startswith(ablate.REPO + os.sep)  # the shipped check base
+    os.makedirs(run.workdir)
+    recorded = json.loads(config.to_json_best_effort())
+
+    def changed(init_from):
+        recorded["model"]["init_from"] = init_from
+        with open(os.path.join(run.workdir, "config.json"), "w") as f:
+            json.dump(recorded, f)
+        return ablate.settings_changed(run, config)
+
+    assert changed("/another/clone" + planned[len(ablate.REPO) :]) == []
+    assert changed(planned) == []
+    assert changed("/another/clone/mocojax/assets/toybase") == [
+        f"model.init_from: '/another/clone/mocojax/assets/toybase' -> {planned!r}"
+    ]
+
+
 def test_workdir_seeds_are_the_run_directories_seeds(tmp_path):
     assert ablate.workdir_seeds(tmp_path) == ()
     for d in (
