@@ -406,6 +406,12 @@ def finished_results(grid, root, known=(), log=print):
     return results
 
 
+def _result_key(row):
+    """Returns the (kind, name) under which results hold a row's runs: its SFT run for a scored
+    SFT row, else its RL run (row: the row itself, not an alias of it)."""
+    return ("sft", row.sft) if row.sft_only else ("rl", row.name)
+
+
 def rows_with_results(grid, results, rows=None):
     """Returns the grid's row names (grid order) that have a result in results, and rows (the
     invoked ones, done or not; None: the whole grid). A row that reuses another's runs
@@ -417,8 +423,7 @@ def rows_with_results(grid, results, rows=None):
         if rows is None or row.name in rows:
             out.append(row.name)
         elif not row.same_as:
-            key = ("sft", row.sft) if row.sft_only else ("rl", row.name)
-            if key in have:
+            if _result_key(row) in have:
                 out.append(row.name)
     return out
 
@@ -441,7 +446,7 @@ def aggregate(results, seeds, rows=None, grid="paper"):
     for name in names:
         row = by_name[name]
         source = by_name[row.same_as] if row.same_as else row
-        key = ("sft", source.sft) if source.sft_only else ("rl", source.name)
+        key = _result_key(source)
         per_seed = {s: results[(*key, s)] for s in seeds if (*key, s) in results}
         # An RL row's gain: its F1 minus that of the SFT run it started from, seed by seed.
         gains = {
