@@ -54,10 +54,16 @@ from mocojax.sampling_core import (  # noqa: F401
 
 
 def bucket(n: int, minimum: int = 16) -> int:
-    """Returns the padded size of n: a power of two >= minimum up to 1024, then a multiple of 1024."""
+    """Returns the padded size of n: a power of two >= minimum up to 1024, then four sizes per octave.
+
+    Above 1024 the step is an eighth of the next power of two (256 up to 2048, 512 up to 4096, ...),
+    so a long prompt pads by at most a quarter of its length (1090 -> 1280, not 2048) while the
+    number of compiled shapes still grows only with the logarithm of the longest prompt.
+    """
     if n <= 1024:
         return max(minimum, 1 << max(n - 1, 0).bit_length())
-    return -(-n // 1024) * 1024
+    step = (1 << (n - 1).bit_length()) // 8
+    return -(-n // step) * step
 
 
 # ----------------------------------------------------------------------------- host preparation

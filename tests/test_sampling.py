@@ -494,9 +494,14 @@ def test_prompt_buckets_bound_the_compiled_programs(pair):
     assert sampling.program_counts() == before
     assert (
         sampling.bucket(9) == 16
-        and sampling.bucket(1500) == 2048
         and sampling.bucket(70, minimum=64) == 128
+        and sampling.bucket(1024) == 1024
     )
+    # Above 1024, four sizes per octave (by hand: steps of 2048 / 8 = 256, 4096 / 8 = 512, 8192 / 8 = 1024).
+    longer = [1025, 1090, 1280, 1281, 1500, 2048, 2049, 3000, 4097]
+    assert [sampling.bucket(n) for n in longer] == [
+        1280, 1280, 1280, 1536, 1536, 2048, 2560, 3072, 5120
+    ]
 
 
 def test_clear_errors(pair):
