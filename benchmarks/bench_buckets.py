@@ -19,10 +19,10 @@ import sys
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import bench_sampling as bench  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-import bench_sampling as bench  # noqa: E402
 from mocojax import sampling  # noqa: E402
 
 

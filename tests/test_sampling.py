@@ -500,7 +500,15 @@ def test_prompt_buckets_bound_the_compiled_programs(pair):
     # Above 1024, four sizes per octave (by hand: steps of 2048 / 8 = 256, 4096 / 8 = 512, 8192 / 8 = 1024).
     longer = [1025, 1090, 1280, 1281, 1500, 2048, 2049, 3000, 4097]
     assert [sampling.bucket(n) for n in longer] == [
-        1280, 1280, 1280, 1536, 1536, 2048, 2560, 3072, 5120
+        1280,
+        1280,
+        1280,
+        1536,
+        1536,
+        2048,
+        2560,
+        3072,
+        5120,
     ]
 
 
