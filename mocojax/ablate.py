@@ -163,10 +163,15 @@ def plan(grid, seeds, root, rows=None):
                     seed,
                     sft_workdir(root, kind, seed),
                     "rl_method",
-                    extra
-                    + common
-                    + tuple(g.sft_kinds[kind].items())
-                    + (("stages", ("sft", "eval")), ("eval.stage", "sft")),
+                    # The tiny runs' step counts win over a kind's own (shared_long's 2,000).
+                    tuple(
+                        {
+                            **dict(common + tuple(g.sft_kinds[kind].items())),
+                            "stages": ("sft", "eval"),
+                            "eval.stage": "sft",
+                            **dict(extra),
+                        }.items()
+                    ),
                     arg=g.config_arg,
                 )
             )

@@ -143,6 +143,10 @@ DEFAULT_SFT_KINDS = {
     "shared": {"data.mix": (5, 0, 2)},  # the recipe's role SFT, scored (M2)
     "policy_only": {"data.mix": (5, 0, 0)},
     "roles_only": {"data.mix": (0, 0, 1)},  # the separately initialised Judge of M3-M5
+    # The recipe's role SFT run until its Policy has seen as many batches as policy_only's 800:
+    # at (5, 0, 2) the Policy gets ~300 of 800 batches (317 / 305 / 294 on seeds 1-3, the rest
+    # are the per-item Judge's), so 2,000 steps give it ~790.
+    "shared_long": {"data.mix": (5, 0, 2), "sft.num_steps": 2000},
 }
 DEFAULT_EXCLUDED = {
     "role_generator_ema": "EMA on a learned Generator: the recipe's Generator is the world's exact one",
@@ -152,12 +156,28 @@ DEFAULT_SAME = {"role_judge_ema": "M8_method"}  # the Generator is exact: EMA on
 # Rows of the default grid only, each after the row it reads against: not the paper's rows but
 # controls that say why one of them scores as it does.
 DEFAULT_EXTRA = {
-    "rubicap": Row(
-        "rubicap_exact_judge",
-        "RubiCap's committee rubrics judged by the world's exact Judge (control: the rubric "
-        "without a Judge to game)",
-        config="rl_rubicap",
-        overrides=(("rl.judge", "exact"),),
+    "M8_method": (
+        Row(
+            "M2_shared_sft_long",
+            "shared role SFT run 2,000 steps: its Policy sees as many batches as M1's (scored)",
+            sft="shared_long",
+            sft_only=True,
+        ),
+        Row(
+            "M8_equal_policy_batches",
+            "the method (EMA (0.99, 1)) from M2_shared_sft_long (control: M8 against M4 at "
+            "equal Policy batches, not equal steps)",
+            sft="shared_long",
+        ),
+    ),
+    "rubicap": (
+        Row(
+            "rubicap_exact_judge",
+            "RubiCap's committee rubrics judged by the world's exact Judge (control: the rubric "
+            "without a Judge to game)",
+            config="rl_rubicap",
+            overrides=(("rl.judge", "exact"),),
+        ),
     ),
 }
 
@@ -175,8 +195,7 @@ def _default_rows():
                 same_as=DEFAULT_SAME[row.name],
             )
         rows.append(row)
-        if row.name in DEFAULT_EXTRA:
-            rows.append(DEFAULT_EXTRA[row.name])
+        rows.extend(DEFAULT_EXTRA.get(row.name, ()))
     return tuple(rows)
 
 

@@ -400,9 +400,13 @@ def test_default_grid_plans_the_recipes_rows_and_names_the_ones_it_leaves_out(tm
     assert "role_generator_ema" not in names and "evolm" not in names
     assert "paper row evolm has no default-grid counterpart" in out
     assert "row role_judge_ema reuses the runs of M8_method" in out
-    extra = {"rubicap_exact_judge"}  # the default grid's control row, after RubiCap's
+    # The default grid's control rows: RubiCap's rubric with the exact Judge after RubiCap's, the
+    # role SFT at M1's Policy batches and the method from it after M8's.
+    extra = {"rubicap_exact_judge", "M2_shared_sft_long", "M8_equal_policy_batches"}
     assert set(names) == set(ablate.ROW_NAMES) - {"role_generator_ema", "evolm"} | extra
     assert names[names.index("rubicap") + 1] == "rubicap_exact_judge"
+    m8 = names.index("M8_method")
+    assert names[m8 + 1 : m8 + 3] == ("M2_shared_sft_long", "M8_equal_policy_batches")
     run_rows = [r for r in grid.rows if not r.sft_only and not r.same_as]
     assert len(runs) == 2 * (len(grid.sft_kinds) + len(run_rows))
     # Every run builds on the default command's recipe: its config, its own SFT mix as M2.
@@ -425,6 +429,15 @@ def test_default_grid_plans_the_recipes_rows_and_names_the_ones_it_leaves_out(tm
     control = ablate.load_config(by_name["rubicap_exact_judge"])
     assert control.rl.rubrics == "committee" and control.rl.judge == "exact"
     assert ablate.load_config(by_name["rubicap"]).rl.judge == "frozen"
+    # The long role SFT is the recipe's (its mix) for 2,000 steps instead of 800, and the method's
+    # RL (the same EMA) starts from it.
+    long_sft = ablate.load_config(by_name["shared_long"])
+    assert long_sft.sft.num_steps == 2000 and recipe.sft.num_steps == 800
+    assert tuple(long_sft.data.mix) == tuple(recipe.data.mix)
+    equal = by_name["M8_equal_policy_batches"]
+    assert equal.sft_from == str(tmp_path / "sft" / "shared_long" / "seed1")
+    method = ablate.load_config(by_name["M8_method"])
+    assert ablate.load_config(equal).rl.to_dict() == method.rl.to_dict()
     with pytest.raises(ValueError, match="not in the default grid: trains a learned Generator"):
         ablate.plan("default", 1, str(tmp_path), ["evolm"])
     assert not os.listdir(tmp_path)
@@ -460,6 +473,10 @@ def test_default_tiny_grid_runs_every_kind_of_row(tmp_path):
         assert [r["step"] for r in rl_rows] == [1, 2], row.name
         # the exact Generator's rubrics (or RubiCap's committee): every item readable
         assert all(r["true/rubric_item_unreadable"] == 0.0 for r in rl_rows), row.name
+    # The tiny runs' 2 steps win over the long role SFT's own 2,000.
+    with open(tmp_path / "sft" / "shared_long" / "seed1" / "metrics.jsonl") as f:
+        sft_steps = [r["step"] for r in map(json.loads, f) if r["stage"] == "sft"]
+    assert max(sft_steps) == 2
     text = (tmp_path / "results.md").read_text()
     assert text.count("\n| ") == len(names)
     assert "Not in the default_tiny grid: role_generator_ema" in text
