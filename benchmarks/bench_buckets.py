@@ -27,10 +27,8 @@ from mocojax import sampling  # noqa: E402
 
 
 def multiples_of_1024(n: int, minimum: int = 16) -> int:
-    """The bucket rule before session 38: a power of two up to 1024, then a multiple of 1024."""
-    if n <= 1024:
-        return max(minimum, 1 << max(n - 1, 0).bit_length())
-    return -(-n // 1024) * 1024
+    """The bucket rule before session 38: a power of two up to 1024 (as now), then a multiple of 1024."""
+    return sampling.bucket(n, minimum) if n <= 1024 else -(-n // 1024) * 1024
 
 
 RULES = {"multiples of 1024": multiples_of_1024, "four per octave": sampling.bucket}
