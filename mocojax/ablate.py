@@ -60,6 +60,8 @@ from mocojax.ablate_rows import (  # noqa: F401
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRIDS = tuple(GRID_TABLE)
+# The RL gate's score of the Judge it starts with (mocojax.train.rl_evals.judge_gate).
+GATE_KEY = "gate/judge_balanced_accuracy_within_kind"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,6 +249,21 @@ def _rl_rows(workdir):
         return [r for r in map(json.loads, f) if r.get("stage") == "rl" and r["step"] > 0]
 
 
+def rl_judge_gate(workdir):
+    """Returns the within-kind balanced accuracy of the Judge the RL run used, measured by its
+    gate before the first update (metrics.jsonl's step-0 `gate/...`), or None without a gate.
+    For separately initialised roles (M3-M5) this is the roles model's Judge, which the scored
+    checkpoint's own Judge role (the eval's judge/balanced_accuracy) is not."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        for r in map(json.loads, f):
+            if r.get("stage") == "rl" and GATE_KEY in r:
+                return r[GATE_KEY]
+    return None
+
+
 def _mean_of(rows, key):
     values = [r[key] for r in rows if r.get(key) is not None]
     return float(np.mean(values)) if values else None
@@ -274,6 +291,7 @@ def run_result(run, wall_s):
             reward_f1_corr_within=_mean_of(rows, "true/reward_f1_corr_within"),
             final_tracking_error=tracking[-1][1] if tracking else None,
             tracking_error=tracking,
+            rl_judge_gate=rl_judge_gate(run.workdir),
         )
     return out
 
@@ -408,6 +426,9 @@ def finished_results(grid, root, known=(), log=print):
             continue
         with open(run.result_path) as f:
             results[key] = json.load(f)
+        if run.kind == "rl" and "rl_judge_gate" not in results[key]:
+            # a run finished before the column existed: its gate is in its metrics.jsonl
+            results[key]["rl_judge_gate"] = rl_judge_gate(run.workdir)
     return results
 
 
@@ -524,7 +545,9 @@ def markdown_table(table, seeds, note=""):
         "minus that of the SFT run it started from, on the same seed and scenes, before the "
         "mean over seeds; the Judge's balanced accuracy is "
         "that of the scored checkpoint's Judge role (the RL Policy's parameters, not the "
-        "momentum copy). Zero-variance groups, within-group r(reward, true F1) and the tracking "
+        "momentum copy); \"RL's Judge at gate\" is the within-kind balanced accuracy of the Judge "
+        "the RL run used, measured on RL-like captions before its first update (for separately "
+        "initialised roles, the roles model's Judge). Zero-variance groups, within-group r(reward, true F1) and the tracking "
         "error ||theta - phi|| come from the RL run's metrics.jsonl (means over updates; the "
         "last sync). The paper's numbers are win rates on PixMo-Cap / DenseFusion (Tables 3-5) "
         "and parameter distances at step 600 of an 8B model: a different scale and metric, "

@@ -232,6 +232,21 @@ def test_markdown_table_and_plot_by_hand(tmp_path):
     assert ablate.MH_COLOURS[0] not in colours  # no (0.9, 1) run
 
 
+def test_rl_judge_gate_is_the_runs_first_gate_row(tmp_path):
+    assert ablate.rl_judge_gate(str(tmp_path)) is None  # no metrics.jsonl
+    rows = [
+        {"stage": "sft", "step": 5, ablate.GATE_KEY: 0.1},  # not RL's
+        {"stage": "rl", "step": 1, "reward_mean": 0.5},
+        {"stage": "rl", "step": 0, ablate.GATE_KEY: 0.875},
+        {"stage": "rl", "step": 0, ablate.GATE_KEY: 0.5},  # a resumed run's later row
+    ]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    assert ablate.rl_judge_gate(str(tmp_path)) is None  # RL without a gate
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ablate.rl_judge_gate(str(tmp_path)) == 0.875
+
+
 @pytest.fixture(scope="module")
 def tiny_grid(tmp_path_factory):
     root = tmp_path_factory.mktemp("ablate_tiny")
@@ -252,6 +267,23 @@ def test_tiny_grid_runs_every_row(tiny_grid):
         with open(tiny_grid / "rows" / row.name / "seed1" / "metrics.jsonl") as f:
             steps = [r["step"] for r in map(json.loads, f) if r["stage"] == "rl" and r["step"] > 0]
         assert steps == [1, 2], row.name
+    # Every RL row's "RL's Judge at gate" is its own run's step-0 gate (separate roles: the
+    # roles model's Judge), the SFT rows have none.
+    for row in ablate.ROWS:
+        if row.same_as:
+            continue
+        seed1 = results["rows"][row.name]["seeds"]["1"]
+        if row.sft_only:
+            assert "rl_judge_gate" not in seed1, row.name
+        else:
+            workdir = tiny_grid / "rows" / row.name / "seed1"
+            gate = ablate.rl_judge_gate(str(workdir))
+            rl = json.loads((workdir / "config.json").read_text())["rl"]
+            if rl["judge"] == "exact" or rl["reward"] != "rubric":  # no model Judge to gate
+                assert gate is None, row.name
+            else:
+                assert gate is not None and 0.0 <= gate <= 1.0, row.name
+            assert seed1["rl_judge_gate"] == gate, row.name
     assert (tiny_grid / "results.md").read_text().count("\n| ") == len(ablate.ROWS)
     assert Image.open(tiny_grid / "tracking_error.png").size == (640, 400)
     # RubiCap wrote its committee rubrics without a model: every item readable.
