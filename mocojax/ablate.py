@@ -168,7 +168,7 @@ def plan(grid, seeds, root, rows=None):
                     # The tiny runs' step counts win over a kind's own (shared_long's 2,000).
                     tuple(
                         {
-                            **dict(common + tuple(g.sft_kinds[kind].items())),
+                            **dict(g.pinned + common + tuple(g.sft_kinds[kind].items())),
                             "stages": ("sft", "eval"),
                             "eval.stage": "sft",
                             **dict(extra),
@@ -192,7 +192,8 @@ def plan(grid, seeds, root, rows=None):
                     seed,
                     os.path.join(root, "rows", row.name, f"seed{seed}"),
                     row.config,
-                    extra
+                    g.pinned
+                    + extra
                     + common
                     + row.overrides
                     + roles
@@ -545,7 +546,7 @@ def markdown_table(table, seeds, note=""):
         "minus that of the SFT run it started from, on the same seed and scenes, before the "
         "mean over seeds; the Judge's balanced accuracy is "
         "that of the scored checkpoint's Judge role (the RL Policy's parameters, not the "
-        "momentum copy); \"RL's Judge at gate\" is the within-kind balanced accuracy of the Judge "
+        'momentum copy); "RL\'s Judge at gate" is the within-kind balanced accuracy of the Judge '
         "the RL run used, measured on RL-like captions before its first update (for separately "
         "initialised roles, the roles model's Judge). Zero-variance groups, within-group r(reward, true F1) and the tracking "
         "error ||theta - phi|| come from the RL run's metrics.jsonl (means over updates; the "

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mocojax import ablate, config_utils, main as main_lib, roles
+from mocojax import ablate, ablate_rows, config_utils, main as main_lib, roles
 from mocojax.data import toycommittee as tc, toyroles, toyworld as tw
 from mocojax.train import evolm
 
@@ -461,10 +461,13 @@ def test_default_grid_plans_the_recipes_rows_and_names_the_ones_it_leaves_out(tm
     control = ablate.load_config(by_name["rubicap_exact_judge"])
     assert control.rl.rubrics == "committee" and control.rl.judge == "exact"
     assert ablate.load_config(by_name["rubicap"]).rl.judge == "frozen"
-    # The long role SFT is the recipe's (its mix) for 2,000 steps instead of 800, and the method's
-    # RL (the same EMA) starts from it.
+    # The grid pins the step counts its runs were made with (800 role-SFT steps, 600 updates),
+    # whatever the recipe's now are; the long role SFT is the recipe's mix for 2,000 steps, and
+    # the method's RL (the same EMA) starts from it.
+    assert ablate.load_config(by_name["shared"]).sft.num_steps == 800
+    assert {ablate.load_config(r).rl.num_steps for r in runs if r.kind == "rl"} == {600}
     long_sft = ablate.load_config(by_name["shared_long"])
-    assert long_sft.sft.num_steps == 2000 and recipe.sft.num_steps == 800
+    assert long_sft.sft.num_steps == 2000
     assert tuple(long_sft.data.mix) == tuple(recipe.data.mix)
     equal = by_name["M8_equal_policy_batches"]
     assert equal.sft_from == str(tmp_path / "sft" / "shared_long" / "seed1")
@@ -480,6 +483,22 @@ def test_default_grid_plans_the_recipes_rows_and_names_the_ones_it_leaves_out(tm
             excluded.get_config("default")
     assert "Not in the default grid: role_generator_ema" in ablate.excluded_note("default")
     assert ablate.excluded_note("paper") == ""
+
+
+def test_the_long_config_is_the_default_at_the_grids_long_role_sft():
+    """configs/toyworld.py:long, whose numbers docs/results.md reads off the default grid's
+    M2_shared_sft_long / M8_equal_policy_batches rows, is the default command with the long role
+    SFT's step count and nothing else changed."""
+    from configs import toyworld
+
+    default = ablate._flatten(toyworld.get_config("").to_dict())
+    long = ablate._flatten(toyworld.get_config("long").to_dict())
+    assert {k for k in default if default[k] != long[k]} == {"sft.num_steps"}
+    kind = ablate_rows.DEFAULT_SFT_KINDS["shared_long"]
+    assert long["sft.num_steps"] == kind["sft.num_steps"] == 2000 > default["sft.num_steps"]
+    assert tuple(long["data.mix"]) == kind["data.mix"]
+    with pytest.raises(ValueError, match="known: '', long, paper, tiny"):
+        toyworld.get_config("longer")
 
 
 def test_default_tiny_grid_runs_every_kind_of_row(tmp_path):
