@@ -15,8 +15,9 @@ yet: docs/results.md). "long" is the default with 2,000 role-SFT steps instead o
 (5, 0, 2) the Policy gets ~40% of the batches, so the default's SFT Policy has seen ~300 Policy
 batches where a Policy-only SFT sees 800; 2,000 steps give it ~790 and the Judge more too
 (docs/results.md, sessions 38-39: SFT F1 0.60-0.61, the Judge at RL's gate 0.950-0.964 within
-kinds, RL F1 0.667-0.671 against the default's 0.57-0.60), at ~1.4x the default's time, above
-the 15-minute budget. "paper" is the paper's pipeline at toy size (`paper_config`: the 2:1:1
+kinds, RL F1 0.667-0.671 against the default's 0.57-0.60, but inventions per caption rising on
+seed 3), ~4 minutes longer on idle cores (1,200 more steps at ~0.18 s; over the 15-minute
+budget). "paper" is the paper's pipeline at toy size (`paper_config`: the 2:1:1
 record mix, 400 SFT steps, 100 RL updates, learned EMA Generator and Judge), on which RL lowers
 held-out F1 (the roles do not learn their lookups in 400 steps); "tiny" is that pipeline shrunk
 to seconds, which the tests and the other configs' smoke runs build on (the default's own smoke
