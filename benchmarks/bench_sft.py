@@ -5,9 +5,17 @@
 Both sides train the same model shapes on the same toy-world batch (8 rows, all three roles,
 16-token images), fp32, AdamW, full forward + backward + update; the timed steps follow
 two warmup steps (compilation excluded). Tokens are the batch's non-padding tokens.
+
+Two mocojax columns, side by side in the same run: the step as the batch comes (8 rows padded to
+640) and, with --pack_chunk N > 0 (default 64), the step as the toy job runs it: the records
+packed several to a row (`sft.pack_rows`, rows rounded to a multiple of 4) and causal attention N
+queries at a time (`model.attention_chunk`). Transformers trains the padded batch (its SDPA
+attention on CPU has no padding-free path), so the packed column counts the same real tokens in
+fewer slots.
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -76,12 +84,14 @@ def toy_batch():
     )
 
 
-def bench_jax(cfg, batch, steps):
-    """Returns seconds per train step of the jitted mocojax step."""
+def bench_jax(cfg, batch, steps, pack=False):
+    """Returns (seconds per train step of the jitted mocojax step, rows of its batch); pack: the
+    records packed several to a row first (`sft.micro_batches(..., pack=True)`)."""
     optimizer = state_lib.make_optimizer(OPTIMIZER, total_steps=100)
     state = state_lib.init_state(model.init_params(cfg, 0), optimizer, jax.random.key(0))
     step = jax.jit(lambda s, b: sft.train_step(cfg, optimizer, s, b), donate_argnums=0)
-    device_batch = jax.device_put(sft.micro_batches(cfg, batch, 1))
+    micro = sft.micro_batches(cfg, batch, 1, pack=pack)
+    device_batch = jax.device_put(micro)
     for _ in range(2):
         state, metrics = step(state, device_batch)
     jax.block_until_ready(metrics)
@@ -89,7 +99,7 @@ def bench_jax(cfg, batch, steps):
     for _ in range(steps):
         state, metrics = step(state, device_batch)
     jax.block_until_ready(metrics)
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / steps, micro["input_ids"].shape[-2]
 
 
 def bench_torch(cfg, batch, steps):
@@ -124,6 +134,12 @@ def main(argv=None):
     parser.add_argument("--sizes", default="tiny,small")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--pack_chunk",
+        type=int,
+        default=64,
+        help="> 0: a second mocojax column, packed rows and attention this many queries at a time",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     processor, batch = toy_batch()
@@ -131,7 +147,11 @@ def main(argv=None):
     print(
         f"batch: {batch['input_ids'].shape} ({tokens} real tokens), {batch['image_grid_thw'].shape[0]} images"
     )
-    print("| size | params | mocojax tok/s | PyTorch tok/s | ratio |\n|---|---|---|---|---|")
+    packed = f"mocojax packed + chunk {args.pack_chunk}"
+    head = ["size", "params", "mocojax tok/s", "PyTorch tok/s", "mocojax / PyTorch"]
+    if args.pack_chunk:
+        head += [f"{packed} tok/s (rows)", f"{packed} / PyTorch"]
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     vocab_size = config_utils.vocab_size_for(processor.tokenizer)
     for size in args.sizes.split(","):
         cfg = model.tiny(
@@ -142,12 +162,19 @@ def main(argv=None):
             vision_end_token_id=processor.vision_end_token_id,
             **SIZES[size],
         )
-        jax_s, torch_s = bench_jax(cfg, batch, args.steps), bench_torch(cfg, batch, args.steps)
-        print(
-            f"| {size} | {model.count_params(model.abstract_params(cfg)):,} | {tokens / jax_s:,.0f} | "
-            f"{tokens / torch_s:,.0f} | {torch_s / jax_s:.2f} |",
-            flush=True,
-        )
+        (jax_s, _), torch_s = bench_jax(cfg, batch, args.steps), bench_torch(cfg, batch, args.steps)
+        cells = [
+            size,
+            f"{model.count_params(model.abstract_params(cfg)):,}",
+            f"{tokens / jax_s:,.0f}",
+            f"{tokens / torch_s:,.0f}",
+            f"{torch_s / jax_s:.2f}",
+        ]
+        if args.pack_chunk:
+            chunked = dataclasses.replace(cfg, attention_chunk=args.pack_chunk)
+            packed_s, rows = bench_jax(chunked, batch, args.steps, pack=True)
+            cells += [f"{tokens / packed_s:,.0f} ({rows})", f"{torch_s / packed_s:.2f}"]
+        print("| " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
