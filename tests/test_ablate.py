@@ -6,6 +6,11 @@ run for 2 SFT steps + 2 RL updates in one process (compiled programs shared), an
 import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -245,6 +250,70 @@ def test_rl_judge_gate_is_the_runs_first_gate_row(tmp_path):
     assert ablate.rl_judge_gate(str(tmp_path)) is None  # RL without a gate
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert ablate.rl_judge_gate(str(tmp_path)) == 0.875
+
+
+def test_invocations_side_by_side_share_the_runs_and_a_killed_ones_lock_is_taken_over(
+    tmp_path, monkeypatch
+):
+    """A run another live invocation holds is left to it (the RL row that needs it waits for its
+    result, then runs here); a lock left by a killed invocation is taken over."""
+    sft_run, rl_run = ablate.plan("tiny", "1-1", str(tmp_path), ["M8_method"])
+    assert (sft_run.kind, rl_run.kind) == ("sft", "rl")
+    assert rl_run.needs == (sft_run.result_path,)
+    ran, logs = [], []
+
+    def fake_run(config, workdir):
+        if workdir == rl_run.workdir:  # an RL row never starts before its SFT result exists
+            assert os.path.exists(sft_run.result_path)
+        ran.append(workdir)
+
+    monkeypatch.setattr(main_lib, "run", fake_run)
+    monkeypatch.setattr(ablate, "prepare", lambda run: None)
+    monkeypatch.setattr(ablate, "run_result", lambda run, wall: {"f1": 0.5, "wall_s": wall})
+    host = socket.gethostname()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.makedirs(sft_run.workdir)
+        with open(sft_run.lock_path, "w") as f:
+            json.dump({"host": host, "pid": other.pid}, f)
+
+        def other_invocation_finishes():
+            time.sleep(0.5)
+            with open(sft_run.result_path, "w") as f:
+                json.dump({"f1": 0.4, "wall_s": 1.0}, f)
+            os.remove(sft_run.lock_path)
+
+        finisher = threading.Thread(target=other_invocation_finishes)
+        finisher.start()
+        results = ablate.execute([sft_run, rl_run], log=logs.append, poll_s=0.05)
+        finisher.join()
+    finally:
+        other.kill()
+        other.wait()
+    assert ran == [rl_run.workdir]  # the SFT run was the other invocation's
+    assert (
+        results[("sft", "shared", 1)]["f1"] == 0.4 and results[("rl", "M8_method", 1)]["f1"] == 0.5
+    )
+    assert any(f"running in another invocation ({host} pid {other.pid})" in line for line in logs)
+    assert any("done (by another invocation)" in line for line in logs)
+    assert not os.path.exists(sft_run.lock_path) and not os.path.exists(rl_run.lock_path)
+    # A lock whose process is gone (a killed invocation): taken over, the run resumes here.
+    for run in (sft_run, rl_run):
+        os.remove(run.result_path)
+    with open(sft_run.lock_path, "w") as f:
+        json.dump({"host": host, "pid": other.pid}, f)  # other has exited
+    ran.clear()
+    ablate.execute([sft_run, rl_run], log=logs.append, poll_s=0.05)
+    assert ran == [sft_run.workdir, rl_run.workdir]
+    assert not os.path.exists(sft_run.lock_path)
+    # A lock held by this very process counts as taken (no self-deadlock); another host's waits.
+    assert ablate.acquire(sft_run) is None and ablate.acquire(sft_run) is None
+    ablate.release(sft_run)
+    with open(sft_run.lock_path, "w") as f:
+        json.dump({"host": host + "-elsewhere", "pid": 1}, f)
+    assert ablate.acquire(sft_run) == f"{host}-elsewhere pid 1"
+    ablate.release(sft_run)  # not ours: left in place
+    assert os.path.exists(sft_run.lock_path)
 
 
 @pytest.fixture(scope="module")
