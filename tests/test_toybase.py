@@ -205,7 +205,7 @@ def test_default_config_is_the_check_recipe_with_its_export():
     for arg, paper_arg in (("paper", ""), ("tiny", "tiny")):
         assert toyworld.get_config(arg).to_dict() == toyworld.paper_config(paper_arg).to_dict()
     assert toyworld.paper_config().data.mix == (2, 1, 1)
-    with pytest.raises(ValueError, match="known: '', paper, tiny"):
+    with pytest.raises(ValueError, match="known: '', long, paper, tiny"):
         toyworld.get_config("fast")
 
 
