@@ -22,9 +22,9 @@ existing SFT checkpoint"), with stages ("rl", "eval") and the eval scoring the R
 Resume: a run whose result file exists is skipped; any other run is started again on its
 workdir, where mocojax.main resumes from the latest checkpoint. A workdir started with settings
 other than the planned ones (a default changed since) stops the grid before anything runs.
-Side by side: invocations on one workdir never run the same run twice (a lock file per run,
-<run workdir>/ablate_running.json; one left by a killed invocation is taken over), and an RL row
-waits for its SFT runs' results, whichever invocation makes them.
+Side by side: invocations on one workdir never run the same run twice (each run under its
+workdir's lock, mocojax.workdir_lock; one left by a killed invocation is taken over), and an RL
+row waits for its SFT runs' results, whichever invocation makes them.
 Results: <workdir>/results.json, <workdir>/results.md (per row mean ± std over seeds, the paper's number beside it),
 <workdir>/tracking_error.png (tracking error vs step for m = 0.9, 0.99, 0.999 at H = 1 and frozen)
 and <workdir>/tracking_error_mh.png (every (m, H) row and frozen). They cover every row and seed
@@ -34,7 +34,6 @@ docs/ablations.md has what each row means.
 """
 
 import argparse
-import contextlib
 import dataclasses
 import glob
 import importlib
@@ -42,11 +41,12 @@ import json
 import os
 import re
 import shutil
-import socket
 import sys
 import time
 
 import numpy as np
+
+from mocojax import workdir_lock
 
 # Split out (move only, #14); re-exported so `ablate.<name>` keeps working.
 from mocojax.ablate_rows import (  # noqa: F401
@@ -85,10 +85,6 @@ class Run:
     @property
     def result_path(self):
         return os.path.join(self.workdir, "ablate_result.json")
-
-    @property
-    def lock_path(self):
-        return os.path.join(self.workdir, "ablate_running.json")
 
     @property
     def needs(self):
@@ -380,10 +376,11 @@ def execute(runs, log=print, poll_s=30.0):
     stops the grid before anything runs: resuming or reusing it would mix two recipes in one row.
 
     Invocations side by side on one workdir (`--rows` / `--seeds` splits on a machine with more
-    cores) share the work: each run is taken under a lock file (`acquire`), a run another live
-    invocation holds is left to it (this one does its other runs first, then waits for the
-    result, polling every poll_s seconds), and an RL run starts only once its SFT runs' results
-    exist, whichever invocation made them.
+    cores) share the work: each run is taken under its workdir's lock (`mocojax.workdir_lock`,
+    the lock `python -m mocojax.main` holds; one left by a killed run is taken over), a run
+    another live invocation holds is left to it (this one does its other runs first, then waits
+    for the result, polling every poll_s seconds), and an RL run starts only once its SFT runs'
+    results exist, whichever invocation made them.
     """
     from mocojax import config_utils, main as main_lib
 
@@ -414,10 +411,15 @@ def execute(runs, log=print, poll_s=30.0):
             if not os.path.exists(run.result_path):
                 if not all(os.path.exists(path) for path in run.needs):
                     continue  # its SFT run is another invocation's, still running
-                holder = acquire(run)
-                if holder is not None:
+                try:
+                    # The run's own workdir lock, held from the copy of its SFT checkpoint to its
+                    # result file (mocojax.main takes the same lock when run alone).
+                    held = workdir_lock.acquire(run.workdir)
+                except workdir_lock.WorkdirInUse as error:
                     if run not in said:
-                        log(f"{tag}: running in another invocation ({holder}); doing others first")
+                        log(
+                            f"{tag}: running in another invocation ({error.holder}); doing others first"
+                        )
                         said.add(run)
                     continue
                 try:
@@ -425,12 +427,12 @@ def execute(runs, log=print, poll_s=30.0):
                         log(f"{tag}: running in {run.workdir}")
                         prepare(run)
                         start = time.perf_counter()
-                        main_lib.run(load_config(run), run.workdir)
+                        main_lib.run(load_config(run), run.workdir, lock_held=True)
                         result = run_result(run, time.perf_counter() - start)
                         with open(run.result_path, "w") as f:
                             json.dump(result, f, indent=1)
                 finally:
-                    release(run)
+                    workdir_lock.release(held)
             else:
                 log(f"{tag}: done" + (" (by another invocation)" if run in said else ", skipped"))
             with open(run.result_path) as f:
@@ -440,57 +442,6 @@ def execute(runs, log=print, poll_s=30.0):
         if pending and not progressed:
             time.sleep(poll_s)
     return results
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def acquire(run):
-    """Takes the run's lock file (its workdir's ablate_running.json: host, pid) so that runner
-    invocations side by side on one grid workdir never run the same run twice. Returns None when
-    taken, else who holds it ("host pid N"). A lock whose process on this host is gone (a killed
-    invocation) is taken over: the run resumes from its checkpoints. One held from another host
-    (a shared filesystem) is waited for."""
-    os.makedirs(run.workdir, exist_ok=True)
-    me = {"host": socket.gethostname(), "pid": os.getpid()}
-    for _ in range(2):
-        try:
-            fd = os.open(run.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                with open(run.lock_path) as f:
-                    holder = json.load(f)
-            except (OSError, json.JSONDecodeError):  # being written or just removed: look again
-                return "another invocation, starting"
-            if holder == me:
-                return None
-            if holder.get("host") == me["host"] and not _alive(int(holder.get("pid", 0))):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(run.lock_path)  # stale: its invocation was killed
-                continue
-            return f"{holder.get('host')} pid {holder.get('pid')}"
-        with os.fdopen(fd, "w") as f:
-            json.dump(me, f)
-        return None
-    return "another invocation, starting"
-
-
-def release(run):
-    """Removes the run's lock file if this process holds it."""
-    try:
-        with open(run.lock_path) as f:
-            holder = json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return
-    if holder == {"host": socket.gethostname(), "pid": os.getpid()}:
-        os.remove(run.lock_path)
 
 
 def workdir_seeds(root):

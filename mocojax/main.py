@@ -124,11 +124,12 @@ def config_file_name(workdir, stages):
     return f"config_{'_'.join(stages)}.json"
 
 
-def run(config, workdir, break_lock=False):
+def run(config, workdir, break_lock=False, lock_held=False):
     """Validates the config, then runs its stages in order; returns {stage: final metrics}.
 
     The workdir is locked while the stages run (mocojax.workdir_lock: a second run into the same
-    workdir stops at once; break_lock takes over a lock left on another host)."""
+    workdir stops at once; break_lock takes over a lock left on another host). lock_held: the
+    caller holds that lock already (mocojax.ablate holds it around a grid run)."""
     config_utils.validate(config, STAGES)
     if jax.process_count() > 1 and set(config.stages) - set(MULTI_HOST_STAGES):
         raise ValueError(
@@ -137,7 +138,7 @@ def run(config, workdir, break_lock=False):
         )
     os.makedirs(workdir, exist_ok=True)
     results = {}
-    with workdir_lock.hold(workdir, distributed.is_main(), break_lock):
+    with workdir_lock.hold(workdir, distributed.is_main() and not lock_held, break_lock):
         if distributed.is_main():
             with open(os.path.join(workdir, config_file_name(workdir, config.stages)), "w") as f:
                 f.write(config.to_json_best_effort(indent=1))

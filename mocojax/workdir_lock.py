@@ -21,7 +21,11 @@ LOCK_NAME = ".mocojax.lock"
 
 
 class WorkdirInUse(RuntimeError):
-    """Another run holds the workdir."""
+    """Another run holds the workdir; holder describes it (pid, host, start time, command)."""
+
+    def __init__(self, message, holder=""):
+        super().__init__(message)
+        self.holder = holder
 
 
 def _process_alive(pid: int) -> bool:
@@ -76,12 +80,14 @@ def acquire(workdir: str, break_lock: bool = False) -> str:
             if same_host and _process_alive(int(owner.get("pid", -1))):
                 raise WorkdirInUse(
                     f"workdir {workdir} is in use by another mocojax run: {_describe(owner, path)}. "
-                    "Use another --workdir, or stop that run first."
+                    "Use another --workdir, or stop that run first.",
+                    _describe(owner, path),
                 ) from None
             if not same_host and not break_lock:
                 raise WorkdirInUse(
                     f"workdir {workdir} is locked by {_describe(owner, path)}, which this host "
-                    f"cannot check. If that run is gone, pass --break_lock (or delete {path})."
+                    f"cannot check. If that run is gone, pass --break_lock (or delete {path}).",
+                    _describe(owner, path),
                 ) from None
             logging.warning(
                 "workdir %s: taking over the lock of a run that is gone: %s",

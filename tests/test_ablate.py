@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mocojax import ablate, ablate_rows, config_utils, main as main_lib, roles
+from mocojax import ablate, ablate_rows, config_utils, main as main_lib, roles, workdir_lock
 from mocojax.data import toycommittee as tc, toyroles, toyworld as tw
 from mocojax.train import evolm
 
@@ -255,14 +255,19 @@ def test_rl_judge_gate_is_the_runs_first_gate_row(tmp_path):
 def test_invocations_side_by_side_share_the_runs_and_a_killed_ones_lock_is_taken_over(
     tmp_path, monkeypatch
 ):
-    """A run another live invocation holds is left to it (the RL row that needs it waits for its
-    result, then runs here); a lock left by a killed invocation is taken over."""
+    """A run whose workdir another live run holds (mocojax.workdir_lock) is left to it, and the RL
+    row that needs it waits for its result, then runs here under its own workdir's lock; a lock
+    left by a killed invocation is taken over."""
     sft_run, rl_run = ablate.plan("tiny", "1-1", str(tmp_path), ["M8_method"])
     assert (sft_run.kind, rl_run.kind) == ("sft", "rl")
     assert rl_run.needs == (sft_run.result_path,)
     ran, logs = [], []
+    lock = os.path.join(sft_run.workdir, workdir_lock.LOCK_NAME)
 
-    def fake_run(config, workdir):
+    def fake_run(config, workdir, lock_held=False):
+        assert lock_held  # the runner holds the run's workdir lock, as this process
+        with open(os.path.join(workdir, workdir_lock.LOCK_NAME)) as f:
+            assert json.load(f)["pid"] == os.getpid()
         if workdir == rl_run.workdir:  # an RL row never starts before its SFT result exists
             assert os.path.exists(sft_run.result_path)
         ran.append(workdir)
@@ -271,17 +276,21 @@ def test_invocations_side_by_side_share_the_runs_and_a_killed_ones_lock_is_taken
     monkeypatch.setattr(ablate, "prepare", lambda run: None)
     monkeypatch.setattr(ablate, "run_result", lambda run, wall: {"f1": 0.5, "wall_s": wall})
     host = socket.gethostname()
+
+    def write_lock(pid):
+        os.makedirs(sft_run.workdir, exist_ok=True)
+        with open(lock, "w") as f:
+            json.dump({"pid": pid, "host": host, "started": 0, "argv": ["other"]}, f)
+
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        os.makedirs(sft_run.workdir)
-        with open(sft_run.lock_path, "w") as f:
-            json.dump({"host": host, "pid": other.pid}, f)
+        write_lock(other.pid)
 
         def other_invocation_finishes():
             time.sleep(0.5)
             with open(sft_run.result_path, "w") as f:
                 json.dump({"f1": 0.4, "wall_s": 1.0}, f)
-            os.remove(sft_run.lock_path)
+            os.remove(lock)
 
         finisher = threading.Thread(target=other_invocation_finishes)
         finisher.start()
@@ -291,29 +300,20 @@ def test_invocations_side_by_side_share_the_runs_and_a_killed_ones_lock_is_taken
         other.kill()
         other.wait()
     assert ran == [rl_run.workdir]  # the SFT run was the other invocation's
-    assert (
-        results[("sft", "shared", 1)]["f1"] == 0.4 and results[("rl", "M8_method", 1)]["f1"] == 0.5
-    )
-    assert any(f"running in another invocation ({host} pid {other.pid})" in line for line in logs)
+    assert results[("sft", "shared", 1)]["f1"] == 0.4
+    assert results[("rl", "M8_method", 1)]["f1"] == 0.5
+    assert any(f"running in another invocation (pid {other.pid} on {host}" in x for x in logs)
     assert any("done (by another invocation)" in line for line in logs)
-    assert not os.path.exists(sft_run.lock_path) and not os.path.exists(rl_run.lock_path)
+    assert not os.path.exists(lock)
+    assert not os.path.exists(os.path.join(rl_run.workdir, workdir_lock.LOCK_NAME))
     # A lock whose process is gone (a killed invocation): taken over, the run resumes here.
     for run in (sft_run, rl_run):
         os.remove(run.result_path)
-    with open(sft_run.lock_path, "w") as f:
-        json.dump({"host": host, "pid": other.pid}, f)  # other has exited
+    write_lock(other.pid)  # other has exited
     ran.clear()
     ablate.execute([sft_run, rl_run], log=logs.append, poll_s=0.05)
     assert ran == [sft_run.workdir, rl_run.workdir]
-    assert not os.path.exists(sft_run.lock_path)
-    # A lock held by this very process counts as taken (no self-deadlock); another host's waits.
-    assert ablate.acquire(sft_run) is None and ablate.acquire(sft_run) is None
-    ablate.release(sft_run)
-    with open(sft_run.lock_path, "w") as f:
-        json.dump({"host": host + "-elsewhere", "pid": 1}, f)
-    assert ablate.acquire(sft_run) == f"{host}-elsewhere pid 1"
-    ablate.release(sft_run)  # not ours: left in place
-    assert os.path.exists(sft_run.lock_path)
+    assert not os.path.exists(lock)
 
 
 @pytest.fixture(scope="module")
@@ -370,14 +370,16 @@ def test_tiny_grid_runs_every_row(tiny_grid):
 def test_tiny_grid_resumes(tiny_grid, monkeypatch):
     ran = []
     real_run = main_lib.run
-    monkeypatch.setattr(main_lib, "run", lambda config, workdir: ran.append(workdir))
+    monkeypatch.setattr(main_lib, "run", lambda config, workdir, **kw: ran.append(workdir))
     ablate.main(["--grid", "tiny", "--seeds", "1", "--workdir", str(tiny_grid)])
     assert ran == []  # every result exists: nothing runs
     # A row killed after its RL checkpoint: its result is gone, it runs again and resumes.
     row_dir = tiny_grid / "rows" / "M7_shared_copy" / "seed1"
     os.remove(row_dir / "ablate_result.json")
     monkeypatch.setattr(
-        main_lib, "run", lambda config, workdir: ran.append(workdir) or real_run(config, workdir)
+        main_lib,
+        "run",
+        lambda config, workdir, **kw: ran.append(workdir) or real_run(config, workdir, **kw),
     )
     ablate.main(["--grid", "tiny", "--seeds", "1", "--workdir", str(tiny_grid)])
     assert ran == [str(row_dir)]
@@ -393,7 +395,7 @@ def test_an_invocation_of_some_rows_tables_every_row_finished_in_the_workdir(
     """`--rows M8_method` on a finished grid rewrites results.json with every finished row (an
     alias row only when named), leaving out and naming a run started with other settings."""
     ran = []
-    monkeypatch.setattr(main_lib, "run", lambda config, workdir: ran.append(workdir))
+    monkeypatch.setattr(main_lib, "run", lambda config, workdir, **kw: ran.append(workdir))
     path = tiny_grid / "rows" / "M7_shared_copy" / "seed1" / "config.json"
     original = path.read_text()
     recorded = json.loads(original)
@@ -460,7 +462,7 @@ def test_grid_refuses_a_workdir_started_with_other_settings(tiny_grid, monkeypat
     """A finished (or half-finished) run whose config.json differs from the planned config, as
     after a changed default, stops the grid before any run starts, naming the run and the key."""
     ran = []
-    monkeypatch.setattr(main_lib, "run", lambda config, workdir: ran.append(workdir))
+    monkeypatch.setattr(main_lib, "run", lambda config, workdir, **kw: ran.append(workdir))
     path = tiny_grid / "rows" / "M8_method" / "seed1" / "config.json"
     original = path.read_text()
     recorded = json.loads(original)
