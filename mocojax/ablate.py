@@ -259,11 +259,16 @@ def _latest_eval(workdir, stage):
 
 
 def _rl_rows(workdir):
+    """Returns the RL rows of the run's metrics.jsonl (step 0, the gate's, included)."""
     path = os.path.join(workdir, "metrics.jsonl")
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [r for r in map(json.loads, f) if r.get("stage") == "rl" and r["step"] > 0]
+        return [r for r in map(json.loads, f) if r.get("stage") == "rl"]
+
+
+def _first_gate(rows):
+    return next((r[GATE_KEY] for r in rows if GATE_KEY in r), None)
 
 
 def rl_judge_gate(workdir):
@@ -271,14 +276,7 @@ def rl_judge_gate(workdir):
     gate before the first update (metrics.jsonl's step-0 `gate/...`), or None without a gate.
     For separately initialised roles (M3-M5) this is the roles model's Judge, which the scored
     checkpoint's own Judge role (the eval's judge/balanced_accuracy) is not."""
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        for r in map(json.loads, f):
-            if r.get("stage") == "rl" and GATE_KEY in r:
-                return r[GATE_KEY]
-    return None
+    return _first_gate(_rl_rows(workdir))
 
 
 def _mean_of(rows, key):
@@ -299,7 +297,8 @@ def run_result(run, wall_s):
         "wall_s": wall_s,
     }
     if run.kind == "rl":
-        rows = _rl_rows(run.workdir)
+        every = _rl_rows(run.workdir)
+        rows = [r for r in every if r["step"] > 0]
         tracking = [
             (r["step"], r["tracking_error"]) for r in rows if r.get("tracking_error") is not None
         ]
@@ -308,7 +307,7 @@ def run_result(run, wall_s):
             reward_f1_corr_within=_mean_of(rows, "true/reward_f1_corr_within"),
             final_tracking_error=tracking[-1][1] if tracking else None,
             tracking_error=tracking,
-            rl_judge_gate=rl_judge_gate(run.workdir),
+            rl_judge_gate=_first_gate(every),
         )
     return out
 
