@@ -423,6 +423,21 @@ def test_true_f1_reward_needs_the_exact_roles():
         rl_config.validate(config.rl)
 
 
+def test_invention_weight_needs_the_exact_generators_online_rubric():
+    config = _toy_config()
+    config.rl.invention_weight = 6.0
+    with pytest.raises(ValueError, match="invention_weight=6.0.*rl.generator='exact'"):
+        rl_config.validate(config.rl)
+    config.rl.generator = "exact"
+    rl_config.validate(config.rl)
+    config.rl.rubrics = "offline"
+    with pytest.raises(ValueError, match="invention_weight=6.0.*'offline'"):
+        rl_config.validate(config.rl)
+    config.rl.rubrics, config.rl.invention_weight = "online", -1.0
+    with pytest.raises(ValueError, match="invention_weight=-1.0: must be a finite number >= 0"):
+        rl_config.validate(config.rl)
+
+
 def test_hallucination_charge_by_hand():
     """F1 minus the charge per hallucinated object, on a caption worked by hand."""
     from mocojax.data import toyworld as tw

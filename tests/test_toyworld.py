@@ -322,6 +322,35 @@ def test_count_items_by_hand():
         ), caption
 
 
+def test_invention_weight_reweights_only_the_items_an_invented_mention_fails():
+    # rl.invention_weight = 6: the three absent-shape and two at-most items weigh 6, the
+    # background keeps its 1 (hand-computed: 5 * 6 + 1 = 31), so each invention costs 6 / 31.
+    shown = ["A large red circle at the top left and a small blue square in the center."]
+    plain = toyroles.ExactRoles({SCENE.id: SCENE}, absent_shapes=True, count_items=True)
+    heavy = toyroles.ExactRoles(
+        {SCENE.id: SCENE}, invention_weight=6, absent_shapes=True, count_items=True
+    )
+    rubric = heavy.rubric(SCENE.id, shown)
+    assert [i.criterion for i in rubric] == [i.criterion for i in plain.rubric(SCENE.id, shown)]
+    assert [i.weight for i in rubric] == [6, 6, 6, 6, 6, 1]
+    weights = [i.weight for i in rubric]
+    complete = shown[0][:-1] + " on a white background."
+    for caption, expected in [
+        (complete, 31 / 31),
+        (complete.replace(" on", " and a red circle at the bottom, on"), 25 / 31),
+        (complete.replace(" on", " and a red star and a green square, on"), 19 / 31),
+        (complete.replace(" on a white", " on a black"), 30 / 31),
+    ]:
+        assert roles.rubric_reward(weights, heavy.decisions(rubric, caption)) == pytest.approx(
+            expected
+        ), caption
+    # a missed object's presence item (a candidate left the blue square out) keeps its 3
+    missed = heavy.rubric(SCENE.id, ["A large red circle at the top left on a white background."])
+    assert {i.criterion: i.weight for i in missed}["mentions a blue square"] == 3
+    with pytest.raises(ValueError, match="invention_weight"):
+        toyroles.ExactRoles({SCENE.id: SCENE}, invention_weight=-1)
+
+
 # A scene with two circles, and the shape items of its rubric (absent shapes, at most, at least).
 TWO_CIRCLES = Scene(
     "two",

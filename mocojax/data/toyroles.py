@@ -531,6 +531,12 @@ def with_mention_rationales(examples):
     return out
 
 
+# The item kinds that an invented mention fails: "does not mention a (<colour>) <shape>" and
+# "mentions at most <n> <shape>s" (with `absent_shapes` and `count_items` every invented mention
+# fails one of them in every sample; `rl.invention_weight` reweights them).
+INVENTION_KINDS = ("absent", "at_most")
+
+
 class ExactRoles:
     """The toy world's exact Generator and Judge, for RL's `rl.generator` / `rl.judge` = "exact".
 
@@ -539,9 +545,14 @@ class ExactRoles:
     is the ceiling of the method on the toy world: RL with roles that make no mistakes.
     """
 
-    def __init__(self, scenes, **rubric):
+    def __init__(self, scenes, invention_weight=0.0, **rubric):
         self.scenes = scenes  # {image id: Scene}
         self.rubric_options = rubric  # `rubric_facts`'s options (RUBRIC_DEFAULTS' keys)
+        # > 0: the weight of every item an invented mention fails (INVENTION_KINDS) instead of
+        # WEIGHTS' (config rl.invention_weight); the Judge never sees weights, only the reward.
+        if not invention_weight >= 0:
+            raise ValueError(f"invention_weight={invention_weight!r}: must be >= 0")
+        self.invention_weight = float(invention_weight)
 
     def rubric(self, image_id, shown_captions):
         """Returns the list[RubricItem] for the shown captions of one image."""
@@ -551,7 +562,13 @@ class ExactRoles:
             max_items=MAX_RUBRIC_ITEMS,
             **self.rubric_options,
         )
-        return [item_of(f) for f in facts]
+        items = [item_of(f) for f in facts]
+        if self.invention_weight:
+            items = [
+                item._replace(weight=self.invention_weight) if f.kind in INVENTION_KINDS else item
+                for f, item in zip(facts, items)
+            ]
+        return items
 
     @staticmethod
     def decisions(rubric_items, caption):

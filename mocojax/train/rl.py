@@ -270,7 +270,9 @@ def exact_roles(config, scenes):
         raise ValueError(f"config.rl.{exact[0]}='exact': exact roles exist for the toy world only")
     if not exact:
         return None
-    return toyroles.ExactRoles(scenes, **toyroles.rubric_options(config.data))
+    return toyroles.ExactRoles(
+        scenes, invention_weight=config.rl.invention_weight, **toyroles.rubric_options(config.data)
+    )
 
 
 def rl_state(config, workdir, setup, cfg, mesh, optimizer, role_momentum, manager):

@@ -71,6 +71,11 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.reward = "rubric"
     # rl.reward = "true_f1" only: subtracted from a caption's F1 per hallucinated object
     rl.hallucination_charge = 0.0
+    # > 0 (rl.generator = "exact", online rubrics): the weight of the exact rubric's items that an
+    # invented mention fails ("does not mention a star", "mentions at most one circle";
+    # toyroles.INVENTION_KINDS) instead of their 3, so a mention the Policy is unsure of costs more
+    # than a true one pays; 0: the rubric's own weights (docs/results.md, session 40).
+    rl.invention_weight = 0.0
     # which params play the Generator: "ema" | "frozen" | "policy" | "exact" (toy)
     rl.generator = "ema"
     rl.judge = "ema"
@@ -158,6 +163,7 @@ RANGES = {
     "clip_eps_high": (0.0, None, True, True),
     "kl_beta": (0.0, None, True, True),
     "hallucination_charge": (0.0, None, True, True),
+    "invention_weight": (0.0, None, True, True),
     "adv_eps": (0.0, None, False, True),
     "momentum": (0.0, 1.0, True, True),
     "judge_gate": (0.0, 1.0, True, True),
@@ -253,6 +259,18 @@ def validate(rl) -> None:
             "hallucination_charge",
             rl.hallucination_charge,
             f"applies to rl.reward='true_f1' only, not {rl.reward!r}",
+        )
+    if rl.invention_weight and (rl.generator, rl.rubrics, rl.reward) != (
+        "exact",
+        "online",
+        "rubric",
+    ):
+        _fail(
+            "invention_weight",
+            rl.invention_weight,
+            "reweights the exact Generator's online rubric only (rl.generator='exact', "
+            f"rl.rubrics='online', rl.reward='rubric'), got {rl.generator!r} / {rl.rubrics!r} / "
+            f"{rl.reward!r}",
         )
     if rl.rubrics != "online" and rl.reward != "rubric":
         _fail("rubrics", rl.rubrics, f"fixed rubrics need rl.reward='rubric', not {rl.reward!r}")
