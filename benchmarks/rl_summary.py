@@ -259,7 +259,11 @@ def exact_zero_variance(workdir, rubric_overrides, window=100):
     rows = [r for r in rows if r["step"] > last_step - window]
     shares = []
     for overrides in ({}, rubric_overrides):
-        exact = toyroles.ExactRoles(scenes, **{**toyroles.rubric_options(data), **overrides})
+        exact = toyroles.ExactRoles(
+            scenes,
+            invention_weight=config["rl"].get("invention_weight", 0.0),  # the run's own weights
+            **{**toyroles.rubric_options(data), **overrides},
+        )
         flat = []
         for row in rows:
             rubric = exact.rubric(row["image_id"], [row["captions"][i] for i in row["subset"]])

@@ -101,6 +101,37 @@ def test_rl_summary_rescores_logged_groups_with_other_rubric_options(tmp_path, c
     assert "zero-variance 100% with the run's rubric, 0% with attribute_items=True" in out
 
 
+def test_rl_summary_rescores_with_the_runs_invention_weight(tmp_path):
+    """A group whose captions either miss one object (its presence item, weight 3) or invent a
+    star (an absent-shape item, weight rl.invention_weight) is flat at the rubric's own weights and
+    not at the run's 4: the exact rescoring uses the weights the run was rewarded with."""
+    import numpy as np
+
+    from mocojax.data import toyroles, toyworld as tw
+
+    records = toyroles.image_records(1, 200)
+    scene = next(
+        r["scene"]
+        for r in records
+        if len(r["scene"].objects) == 2 and "star" not in {o.shape for o in r["scene"].objects}
+    )
+    first, second = scene.objects
+    rng = np.random.default_rng(0)
+    named = [tw.Mention(o.shape, o.colour, o.size, o.position) for o in scene.objects]
+    missing = tw.write_caption(named[:1], scene.background, rng)
+    invented = tw.write_caption(named + [tw.Mention("star", "red")], scene.background, rng)
+    captions = [missing] * 4 + [invented] * 4
+    data = {"seed": 1, "num_train_scenes": 200, "attribute_items": False, "absent_shapes": True}
+    row = {"step": 5, "image_id": scene.id, "captions": captions, "subset": [0, 1, 4, 5]}
+    (tmp_path / "rl_samples.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "metrics.jsonl").write_text("")
+    module = _load()
+    for weight, flat in ((0.0, 1.0), (4.0, 0.0)):
+        config = {"data": data, "rl": {"invention_weight": weight}}
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        assert module.exact_zero_variance(str(tmp_path), {}) == (1, flat, flat), weight
+
+
 def test_rl_summary_tabulates_the_judges_errors_on_rls_samples_by_hand(tmp_path, capsys):
     """Per item kind, the share of true items the Judge failed and of false items it passed, and
     the within-group r between its reward error and caption length, from rl_samples.jsonl."""

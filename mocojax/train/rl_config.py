@@ -73,8 +73,9 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     rl.hallucination_charge = 0.0
     # > 0 (rl.generator = "exact", online rubrics): the weight of the exact rubric's items that an
     # invented mention fails ("does not mention a star", "mentions at most one circle";
-    # toyroles.INVENTION_KINDS) instead of their 3, so a mention the Policy is unsure of costs more
-    # than a true one pays; 0: the rubric's own weights (docs/results.md, session 40).
+    # toyroles.INVENTION_KINDS) instead of their 3, so an invented mention costs more than a found
+    # object's presence item pays; 0: the rubric's own weights (docs/rl.md; docs/results.md,
+    # session 40: it trades the RL gain for fewer inventions, no weight keeping both).
     rl.invention_weight = 0.0
     # which params play the Generator: "ema" | "frozen" | "policy" | "exact" (toy)
     rl.generator = "ema"
