@@ -77,22 +77,21 @@ def acquire(workdir: str, break_lock: bool = False) -> str:
         except FileExistsError:
             owner = _read_owner(path)
             same_host = owner is not None and owner.get("host") == host
+            holder = _describe(owner, path)
             if same_host and _process_alive(int(owner.get("pid", -1))):
                 raise WorkdirInUse(
-                    f"workdir {workdir} is in use by another mocojax run: {_describe(owner, path)}. "
+                    f"workdir {workdir} is in use by another mocojax run: {holder}. "
                     "Use another --workdir, or stop that run first.",
-                    _describe(owner, path),
+                    holder,
                 ) from None
             if not same_host and not break_lock:
                 raise WorkdirInUse(
-                    f"workdir {workdir} is locked by {_describe(owner, path)}, which this host "
+                    f"workdir {workdir} is locked by {holder}, which this host "
                     f"cannot check. If that run is gone, pass --break_lock (or delete {path}).",
-                    _describe(owner, path),
+                    holder,
                 ) from None
             logging.warning(
-                "workdir %s: taking over the lock of a run that is gone: %s",
-                workdir,
-                _describe(owner, path),
+                "workdir %s: taking over the lock of a run that is gone: %s", workdir, holder
             )
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
