@@ -92,6 +92,56 @@ def toy_mcq(scene, seed=0):
     return items
 
 
+# The kind of an item written from text (a teacher's Gold-MCQ of a real image): its options are
+# matched by their text alone, not by a toy-world answer domain.
+TEXT_KIND = "text"
+MAX_OPTION_CHARS = 300
+MAX_QUESTION_CHARS = 1000
+
+
+def mcq_problems(question, options, answer):
+    """Returns the problems (list of str; [] when none) of a Gold-MCQ item given as a question,
+    2-4 option texts and the gold letter: E = Not Given is implicit and never the gold answer, so
+    no option may say "not given" (or any phrase a judge's answer reads as Not Given)."""
+    problems = []
+    if not isinstance(question, str) or not question.strip():
+        problems.append("empty question")
+    elif len(question) > MAX_QUESTION_CHARS:
+        problems.append(f"question longer than {MAX_QUESTION_CHARS} characters")
+    if not isinstance(options, (list, tuple)) or not 2 <= len(options) <= len(LETTERS):
+        return problems + [f"want 2-{len(LETTERS)} options, got {options!r:.80}"]
+    texts = [o.strip() if isinstance(o, str) else "" for o in options]
+    if not all(texts):
+        problems.append("an empty option")
+    elif any(len(t) > MAX_OPTION_CHARS for t in texts):
+        problems.append(f"an option longer than {MAX_OPTION_CHARS} characters")
+    elif len({" ".join(t.lower().split()) for t in texts}) < len(texts):
+        problems.append("two options say the same")
+    elif any(vqa.normalise_answer(t, "") == vqa.NOT_GIVEN for t in texts):
+        problems.append(f"an option says Not Given, which only {NOT_GIVEN_LETTER} may")
+    if not isinstance(answer, str) or answer.strip().upper() not in LETTERS[: len(options)]:
+        problems.append(
+            f"gold letter {answer!r} is not one of the options {LETTERS[: len(options)]}"
+            + (f" ({NOT_GIVEN_LETTER} = Not Given is never gold)" if answer == "E" else "")
+        )
+    return problems
+
+
+def text_item(question, options, answer):
+    """Returns the MCQItem of a Gold-MCQ written from text (kind TEXT_KIND); raises ValueError
+    naming the problems of a malformed one (`mcq_problems`)."""
+    problems = mcq_problems(question, options, answer)
+    if problems:
+        raise ValueError("; ".join(problems))
+    options = tuple(" ".join(o.split()) for o in options)
+    return MCQItem(" ".join(question.split()), options, answer.strip().upper(), TEXT_KIND, {})
+
+
+def item_dict(item):
+    """Returns an item as the records' JSON holds it: {"question", "options", "answer"}."""
+    return {"question": item.question, "options": list(item.options), "answer": item.answer}
+
+
 def format_item(item):
     """Returns one item as the judge sees it: the question, then "A. .. B. .. E. Not Given"."""
     lettered = [f"{letter}. {text}" for letter, text in zip(LETTERS, item.options)]

@@ -414,3 +414,86 @@ def test_g2p_tiny_config_runs_two_rl_steps_through_main_with_a_model_judge(tmp_p
             assert reward == pytest.approx(
                 np.mean([_hand_score(c, a) for c, a in zip(choices, answers)]), abs=1e-6
             )
+
+
+def test_g2p_rl_on_image_records_uses_their_gold_mcq_items(tmp_path, monkeypatch):
+    """Real-format image records (JPEG / PNG files, records.py JSONL) whose `mcq` field holds
+    their Gold-MCQ items (what `python -m mocojax.gold_mcq` writes): RL on R_G from the shipped toy
+    base with a frozen model judge, two real updates. The judge's replies are scripted from the
+    items it is given (the gold letter for half the captions, E for the other half), so the
+    rewards are known by hand: 1 and -0.5. No toy truth is logged for images without a scene;
+    records without items, and the exact (toy-only) judge, are refused before any work."""
+    from test_distill import write_images
+
+    from mocojax.train import g2p, rl, rl_evals
+
+    data = str(tmp_path / "data")
+    path = write_images(data, 4, sizes=[(96, 96)])
+    rows = [json.loads(line) for line in open(path)]
+    for k, row in enumerate(rows):
+        row["mcq"] = [
+            {
+                "question": "What flies over the beach?",
+                "options": ["a bird", "a kite"],
+                "answer": "B",
+            },
+            {
+                "question": f"Which picture is this? ({k})",
+                "options": ["1", "2", "3"],
+                "answer": "C",
+            },
+        ]
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    monkeypatch.syspath_prepend(REPO)
+    config = importlib.import_module("configs.acecap_g2p").get_config("tiny")
+    config.stages = ("rl",)
+    config.data.source, config.data.train_path = "jsonl", path
+    config.model.init_from = os.path.join(REPO, "mocojax", "assets", "toybase")
+    config.rl.evals, config.rl.judge, config.rl.num_steps = "", "frozen", 2
+    config.rl.lr, config.rl.warmup_ratio = 1e-2, 0.0
+
+    records = rl.rl_records(config)
+    assert records[0]["mcq"][0] == acecap.text_item(
+        "What flies over the beach?", ["a bird", "a kite"], "B"
+    )
+    with pytest.raises(ValueError, match=r"record 'im0' \(and 0 more\) has no Gold-MCQ items"):
+        g2p.G2PSource(config, [{k: v for k, v in records[0].items() if k != "mcq"}])
+    config.rl.judge = "exact"
+    with pytest.raises(ValueError, match=r"'im0' is not a toy-world scene; the exact judge"):
+        g2p.G2PSource(config, records)
+    config.rl.judge = "frozen"
+
+    given = []
+
+    def scripted_judge(cfg, params, processor, mcqs, captions, rl_cfg, rng):
+        given.extend(mcqs)
+        right = "\n".join(f"{j} | {item.answer}" for j, item in enumerate(mcqs[0], 1))
+        blank = "\n".join(f"{j} | E" for j in range(1, len(mcqs[0]) + 1))
+        return [[right if k % 2 == 0 else blank for k in range(len(c))] for c in captions]
+
+    def no_gate(*args):
+        raise AssertionError("the rubric Judge gate ran for the G2P reward")
+
+    monkeypatch.setattr(g2p, "judge_mcq", scripted_judge)
+    monkeypatch.setattr(rl_evals, "judge_gate", no_gate)
+    rl.run_rl(config, str(tmp_path / "run"))
+
+    by_id = {r["id"]: r["mcq"] for r in records}
+    assert len(given) == 2 * config.rl.images_per_step
+    assert all(items in by_id.values() for items in given)
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        metrics = [r for r in map(json.loads, f) if r["stage"] == "rl" and r["step"] > 0]
+    assert [r["step"] for r in metrics] == [1, 2]
+    for row in metrics:
+        assert row["reward_mean"] == pytest.approx(0.25)  # (1 - 0.5 + 1 - 0.5) / 4
+        assert row["g2p/right_frac"] == pytest.approx(0.5)
+        assert row["g2p/not_given_frac"] == pytest.approx(0.5)
+        assert row["signal_frac"] == 1.0 and row["update_norm"] > 0
+        assert not any(k.startswith("true/") for k in row)  # no scene: no toy truth
+    with open(tmp_path / "run" / "rl_samples.jsonl") as f:
+        samples = [json.loads(line) for line in f]
+    assert len(samples) == 2 * config.rl.images_per_step
+    for sample in samples:
+        assert sample["mcq"] == [acecap.item_dict(i) for i in by_id[sample["image_id"]]]
+        assert sample["rewards"] == [1.0, -0.5, 1.0, -0.5] and "truth" not in sample

@@ -8,17 +8,21 @@ An image record is one JSON object per line of a JSONL file:
      "policy_targets": ["A red car ..."],              optional: the Policy's targets ([]: none)
      "candidates": [{"id": "c0", "caption": "..."}],   optional: captions to write rubrics for
      "rubric": [{"criterion": "...", "check": "...", "weight": 3}],          optional
-     "decisions": {"c0": [{"value": 1, "rationale": "..."}, ...]}}         optional
+     "decisions": {"c0": [{"value": 1, "rationale": "..."}, ...]},        optional
+     "mcq": [{"question": "...", "options": ["..", ".."], "answer": "B"}]}  optional
 
 `sft_examples` turns image records into role examples: one Policy example per reference (per
 `policy_targets` entry when that field is given, e.g. teacher captions from mocojax.distill); a
 Generator example when `rubric` and `candidates` are given; one Judge example per candidate
-listed in `decisions` (one decision per rubric item, in rubric order). Without the optional
+listed in `decisions` (one decision per rubric item, in rubric order). `mcq` holds the image's
+Gold-MCQ items for the G2P reward (`config.rl.reward="g2p"`; `python -m mocojax.gold_mcq` writes
+them from the references): 2-4 options, the gold letter among them, E = Not Given implicit and
+never gold (acecap.mcq_problems). Without the optional
 fields an image record serves RL (image + references) and Policy SFT.
 
 Bad records (missing field, a field of the wrong type, empty caption, missing or unreadable
 image file, an image path outside image_root, a rubric weight that is not a finite number > 0,
-a decision other than 0/1, a duplicate record id, bad JSON; at conversion, a role example
+a decision other than 0/1, a malformed Gold-MCQ item, a duplicate record id, bad JSON; at conversion, a role example
 longer than the largest length bucket, see `check_lengths`): with strict=True the reader
 raises BadRecord naming the record and the field; by default (config `data.strict=False`) it
 skips them, counts them per reason in a LoadReport and logs a summary.
@@ -39,7 +43,7 @@ import os
 
 from PIL import Image
 
-from mocojax import processing, roles
+from mocojax import acecap, processing, roles
 from mocojax.data import toyworld
 
 ROLES = ("policy", "generator", "judge")
@@ -242,6 +246,22 @@ def _decisions(decisions, record, record_id):
     return out
 
 
+def _mcq(items, record_id):
+    if not isinstance(items, list) or not items:
+        raise bad_record(record_id, "bad_mcq", "field 'mcq' must be a non-empty list")
+    out = []
+    for k, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise bad_record(record_id, "bad_mcq", f"field 'mcq[{k}]' must be an object")
+        try:
+            out.append(
+                acecap.text_item(item.get("question"), item.get("options"), item.get("answer"))
+            )
+        except ValueError as error:
+            raise bad_record(record_id, "bad_mcq", f"field 'mcq[{k}]': {error}") from None
+    return out
+
+
 def validate(raw, image_root="", check_images=True):
     """Returns a clean image record from a raw dict; raises BadRecord naming the record and field.
 
@@ -276,6 +296,8 @@ def validate(raw, image_root="", check_images=True):
         record["rubric"] = _rubric(raw["rubric"], record_id)
     if raw.get("decisions") is not None:
         record["decisions"] = _decisions(raw["decisions"], record, record_id)
+    if raw.get("mcq") is not None:
+        record["mcq"] = _mcq(raw["mcq"], record_id)
     return record
 
 

@@ -13,7 +13,9 @@ The judge is config.rl.judge:
 A model judge gets one prompt per caption with all of the image's items, the caption last, so
 the N captions of an image share the instruction + questions prefix and its KV cache
 (rollout.judge_texts); it decodes rl.judge_max_new_tokens tokens at rl.judge_temperature.
-Gold-MCQs exist for toy-world scenes only.
+Gold-MCQs come from the scene on the toy world (acecap.toy_mcq) and from an image record's `mcq`
+field elsewhere (records.py; `python -m mocojax.gold_mcq` writes them from the references through
+a teacher), which needs a model judge; the toy truth metrics are logged on the toy world only.
 """
 
 import dataclasses
@@ -56,14 +58,30 @@ class G2PSource:
     roles = ("judge",)
 
     def __init__(self, config, records):
-        missing = [r.get("id") for r in records if "scene" not in r]
+        # Toy-world records build their items from the scene (acecap.toy_mcq); any other record
+        # carries them in its `mcq` field (records.py; `python -m mocojax.gold_mcq` writes them).
+        missing = [r.get("id") for r in records if "scene" not in r and not r.get("mcq")]
         if missing:
             raise ValueError(
-                f"config.rl.reward='g2p': record {missing[0]!r} has no toy-world scene; Gold-MCQs "
-                "are built from scenes (config.data.source='toyworld') only"
+                f"config.rl.reward='g2p': record {missing[0]!r} (and {len(missing) - 1} more) has "
+                "no Gold-MCQ items: give image records an 'mcq' field (python -m mocojax.gold_mcq "
+                "writes it from their references) or use toy-world scenes"
             )
-        self.scenes = {r["id"]: r["scene"] for r in records}
+        real = [r["id"] for r in records if "scene" not in r]
+        if real and config.rl.judge == "exact":
+            raise ValueError(
+                f"config.rl.reward='g2p': record {real[0]!r} is not a toy-world scene; the exact "
+                "judge reads toy captions only: set config.rl.judge to 'frozen', 'ema' or 'policy'"
+            )
+        self.scenes = {r["id"]: r["scene"] for r in records if "scene" in r}
+        self.items = {r["id"]: list(r["mcq"]) for r in records if "scene" not in r}
         self.seed = config.data.seed
+
+    def mcq(self, image_id):
+        """Returns the Gold-MCQ items of an image: list[acecap.MCQItem]."""
+        if image_id in self.scenes:
+            return acecap.toy_mcq(self.scenes[image_id], self.seed)
+        return self.items[image_id]
 
     def collect(
         self,
@@ -89,7 +107,7 @@ class G2PSource:
             prompt, tokens, logprobs, lengths, captions = rollout_lib.policy_captions(
                 cfg, policy_params, processor, [e["image"] for e in group], rl, rng
             )
-        mcqs = [acecap.toy_mcq(self.scenes[e["id"]], self.seed) for e in group]
+        mcqs = [self.mcq(e["id"]) for e in group]
         with timer("judging"):
             if rl.judge == "exact":
                 texts = [["" for _ in caps] for caps in captions]
@@ -148,8 +166,15 @@ class G2PSource:
             "g2p/unreadable_frac": float(rollout.unreadable.sum()) / answered,
             "g2p/questions_per_image": float(np.mean([len(items) for items in rollout.mcqs])),
         }
-        truths = [self._truth(g, image_id, rollout) for g, image_id in enumerate(rollout.ids)]
-        scalars.update(rl_evals.truth_metrics(truths, rollout.rewards))
+        truths = [
+            self._truth(g, image_id, rollout)
+            for g, image_id in enumerate(rollout.ids)
+            if image_id in self.scenes
+        ]
+        if truths and len(truths) == len(rollout.ids):  # the toy world's truth: every group
+            scalars.update(rl_evals.truth_metrics(truths, rollout.rewards))
+        else:
+            truths = []
         agree = [v for t in truths for v in t["judge_agrees"]]
         if agree:
             scalars["true/judge_choice_accuracy"] = float(np.mean(agree))
@@ -189,7 +214,11 @@ class G2PSource:
                 "choices": rollout.choices[g],
                 "rewards": rollout.rewards[g].tolist(),
                 "has_signal": bool(rollout.has_signal[g]),
-                "truth": {k: v for k, v in truths[g].items() if k != "judge_agrees"},
+                **(
+                    {"truth": {k: v for k, v in truths[g].items() if k != "judge_agrees"}}
+                    if truths
+                    else {}
+                ),
             }
             for g, image_id in enumerate(rollout.ids)
         ]

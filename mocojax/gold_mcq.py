@@ -1,0 +1,140 @@
+"""Writes the Gold-MCQs of real images through a teacher endpoint (docs/acecap.md):
+
+  python -m mocojax.gold_mcq --input images.jsonl --out mcq.jsonl --teacher openai:URL#MODEL \\
+      [--judge openai:URL#MODEL] [--num_questions 8] [--noverify]
+
+The writer (--teacher) reads each image's references and writes its questions; the judge (--judge,
+default the teacher) keeps only those it answers right from the references and not from no text
+(mocojax/data/gold_mcq.py). A SPEC is `openai:http(s)://host:port/v1#MODEL` (the key from
+$OPENAI_API_KEY when set) or a local mocojax checkpoint (an HF directory or a workdir[@stage]).
+OUT holds the written image records with an `mcq` field (train with --config.rl.reward=g2p and a
+model judge). Rerunning the same command resumes a killed run. Prints the counts of items kept and
+dropped per reason; exit 1 when an endpoint stops answering, 2 on bad flags or a mismatched output.
+"""
+
+import sys
+
+from absl import app, flags, logging as absl_logging
+
+from mocojax.data import distill, gold_mcq
+
+_INPUT = flags.DEFINE_string(
+    "input", None, "Image records: records.py JSONL, or PixMo-Cap / DenseFusion rows."
+)
+_SOURCE = flags.DEFINE_enum(
+    "source", "jsonl", ["jsonl", "pixmo_cap", "densefusion"], "Format of --input."
+)
+_IMAGE_DIR = flags.DEFINE_string(
+    "image_dir", None, "Image folder (default for jsonl: the input's folder)."
+)
+_OUT = flags.DEFINE_string(
+    "out", None, "Output records JSONL (with OUT.ledger.jsonl, OUT.summary.json, OUT.cache/)."
+)
+_TEACHER = flags.DEFINE_string("teacher", None, "The question writer's spec.")
+_JUDGE = flags.DEFINE_string("judge", None, "The verifying judge's spec (default: the teacher).")
+_NUM_IMAGES = flags.DEFINE_integer("num_images", None, "Use the first N images only.")
+_CACHE_DIR = flags.DEFINE_string("cache_dir", None, "Endpoint reply cache (default OUT.cache).")
+_CONCURRENCY = flags.DEFINE_integer("concurrency", 8, "Requests in flight per endpoint.")
+_TIMEOUT = flags.DEFINE_float("timeout", 300.0, "Seconds per HTTP request (connect, read, write).")
+_MAX_RETRIES = flags.DEFINE_integer(
+    "max_retries", 5, "Retries of a failed request (transport, 429, 5xx)."
+)
+_STRICT = flags.DEFINE_boolean(
+    "strict", False, "Stop at the first bad input record instead of skipping it."
+)
+_QUIET = flags.DEFINE_boolean("quiet", False, "No progress bars.")
+
+_DEFAULTS = gold_mcq.Options()
+_OPTION_FLAGS = {
+    "num_questions": flags.DEFINE_integer(
+        "num_questions", _DEFAULTS.num_questions, "Questions asked per image (at most kept)."
+    ),
+    "min_questions": flags.DEFINE_integer(
+        "min_questions", _DEFAULTS.min_questions, "Fewer kept items: the image is dropped."
+    ),
+    "max_asks": flags.DEFINE_integer(
+        "max_asks", _DEFAULTS.max_asks, "Asks per output in all (1 + re-asks)."
+    ),
+    "writer_max_tokens": flags.DEFINE_integer(
+        "writer_max_tokens", _DEFAULTS.writer_max_tokens, "The writer's reply length."
+    ),
+    "judge_max_tokens": flags.DEFINE_integer(
+        "judge_max_tokens", _DEFAULTS.judge_max_tokens, "The judge's reply length."
+    ),
+    "temperature": flags.DEFINE_float(
+        "temperature", _DEFAULTS.temperature, "The writer's first ask."
+    ),
+    "sample_temperature": flags.DEFINE_float(
+        "sample_temperature", _DEFAULTS.sample_temperature, "Re-asks."
+    ),
+    "seed": flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of re-asks and option shuffles."),
+    "verify": flags.DEFINE_boolean(
+        "verify", _DEFAULTS.verify, "Keep only items the judge answers from the references alone."
+    ),
+    "shuffle_options": flags.DEFINE_boolean(
+        "shuffle_options", _DEFAULTS.shuffle_options, "Spread the gold letter over the options."
+    ),
+    "chunk_size": flags.DEFINE_integer(
+        "chunk_size", _DEFAULTS.chunk_size, "Images in flight together."
+    ),
+}
+
+
+def _fail(message, code):
+    print(f"mocojax.gold_mcq: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def main(argv):
+    """Runs the Gold-MCQ writing the flags ask for and prints its summary (exit codes: the module
+    docstring)."""
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    options = gold_mcq.Options(**{k: f.value for k, f in _OPTION_FLAGS.items()})
+    names = {"writer": _TEACHER.value, "judge": _JUDGE.value or _TEACHER.value}
+    clients = {}
+    try:
+        options.check()
+        records, image_root = distill.load_images(
+            _SOURCE.value, _INPUT.value, _IMAGE_DIR.value, _STRICT.value
+        )
+        if _NUM_IMAGES.value is not None:
+            records = records[: _NUM_IMAGES.value]
+        if not records:
+            _fail(f"{_INPUT.value}: no usable image records", 2)
+        for spec in set(names.values()):
+            clients[spec] = distill.make_client(
+                spec,
+                cache_dir=_CACHE_DIR.value or _OUT.value + ".cache",
+                concurrency=_CONCURRENCY.value,
+                timeout=_TIMEOUT.value,
+                max_retries=_MAX_RETRIES.value,
+                progress=not _QUIET.value,
+            )
+        summary = gold_mcq.run(
+            records,
+            clients[names["writer"]],
+            clients[names["judge"]],
+            options,
+            _OUT.value,
+            image_root,
+            names=names,
+            source=f"{_SOURCE.value}:{_INPUT.value}",
+            progress=not _QUIET.value,
+        )
+    except (ValueError, FileNotFoundError) as e:
+        _fail(e, 2)
+    except distill.DistillError as e:
+        _fail(f"{e}\n  the images finished so far are kept; rerun the same command to resume", 1)
+    finally:
+        for c in clients.values():
+            c.close()
+    print(gold_mcq.format_summary(summary), flush=True)
+    if "note" in summary:
+        print(summary["note"], flush=True)
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["input", "out", "teacher"])
+    app.run(main)
