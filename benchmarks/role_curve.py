@@ -22,7 +22,11 @@ world's exact truth:
   the false ones that put a colour of the scene on another of its shapes, how many are written
   against how many the targets hold; `--shown other-image` / `other-references` show each prompt
   the next scene's image / references (is an item kind read from the image or copied from the
-  text?), written to <role>_curve_<stage>_<shown>.json.
+  text?), written to <role>_curve_<stage>_<shown>.json; `--check-references model|exact` also
+  reads each rubric after `rl.rubric_check="references"`'s check (rollout.check_rubrics: the same
+  checkpoint as the Judge, in its trained per-item form, or the world's exact Judge, reads the
+  prompt's references against the rubric and an item they fail is dropped): "checked" columns,
+  written to <role>_curve_<stage>_checked-<judge>.json.
 
 Choices between runs (a KL weight, a warm-up schedule, a number of steps) are made on these rows,
 not on the eval stage's scenes that docs/results.md reports. Each run's config.json gives the
@@ -40,10 +44,13 @@ import ml_collections
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mocojax import checkpoint, config_utils  # noqa: E402
-from mocojax.data import toyroles, toyworld as tw  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from mocojax import checkpoint, config_utils, roles  # noqa: E402
+from mocojax.data import records as records_lib, toyroles, toyworld as tw  # noqa: E402
 from mocojax.eval import toyworld_eval  # noqa: E402
-from mocojax.train import rl_evals  # noqa: E402
+from mocojax.train import rl_evals, rollout as rollout_lib  # noqa: E402
 
 COLUMNS = {
     "policy": (
@@ -67,6 +74,15 @@ COLUMNS = {
         ("val/generator/target_items_present", "in the targets"),
     ),
 }
+# --check-references: the rubrics after the references' check, and what it dropped
+CHECKED_COLUMNS = (
+    ("val/checked/generator/rubric_truth_rate", "truth after the check"),
+    ("val/checked/generator/items_per_rubric", "items / rubric after"),
+    ("val/checked/generator/truth_present", "presence items true after"),
+    ("val/checked/dropped_per_rubric", "dropped / rubric"),
+    ("val/checked/dropped_true", "dropped items true"),
+)
+CHECK_CHUNK = 16  # scenes whose rubrics are checked in one sampler call
 
 
 # --shown: what each Generator prompt shows besides its candidates; truth is always its own scene's
@@ -83,7 +99,46 @@ def shown_examples(examples, shown):
     return [{**e, key: n[key]} for e, n in zip(examples, examples[1:] + examples[:1])]
 
 
-def generator_scorer(config, setup, shown="own"):
+def checked_metrics(config, setup, params, scenes, examples, texts, judge):
+    """Returns "val/checked/*": the Generator's rubrics (texts) after rollout.check_rubrics with
+    each example's references, the Judge being params ("model") or the world's exact one."""
+    rubrics = [roles.parse_rubric(t)[0] for t in texts]
+    rl = config.rl.copy_and_resolve_references()
+    rl.judge = "exact" if judge == "exact" else "ema"
+    exact = toyroles.ExactRoles(scenes, **toyroles.rubric_options(config.data))
+    per_item = records_lib.judge_item_form(config.data)
+    kept, dropped = [], []
+    for start in range(0, len(rubrics), CHECK_CHUNK):
+        k, d = rollout_lib.check_rubrics(
+            setup.model_config,
+            params,
+            setup.processor,
+            rubrics[start : start + CHECK_CHUNK],
+            [e["references"] for e in examples[start : start + CHECK_CHUNK]],
+            rl,
+            jax.random.PRNGKey(start),
+            per_item=per_item,
+            exact=exact,
+        )
+        kept += k
+        dropped += d
+    metrics = toyworld_eval.generator_rubric_metrics(
+        scenes, examples, [roles.format_rubric(r) for r in kept]
+    )
+    truth = [
+        toyroles.fact_is_true(scenes[e["scene_id"]], f)
+        for e, items in zip(examples, dropped)
+        for f in (toyroles.parse_criterion(i.criterion) for i in items)
+        if f is not None
+    ]
+    return {
+        **{f"val/checked/{k}": v for k, v in metrics.items()},
+        "val/checked/dropped_per_rubric": float(np.mean([len(d) for d in dropped])),
+        "val/checked/dropped_true": float(np.mean(truth)) if truth else None,
+    }
+
+
+def generator_scorer(config, setup, shown="own", check=""):
     """Returns params -> "val/generator/*" of the Generator's rubrics on the validation range.
 
     shown "other-image" / "other-references": each prompt shows the next scene's image /
@@ -113,8 +168,10 @@ def generator_scorer(config, setup, shown="own"):
             config.data.image_size,
         )
         metrics = toyworld_eval.generator_rubric_metrics(scenes, examples, rubrics)
+        if check:
+            metrics.update(checked_metrics(config, setup, params, scenes, examples, rubrics, check))
         return {
-            **{f"val/{k}": v for k, v in metrics.items()},
+            **{f"val/{k}" if not k.startswith("val/") else k: v for k, v in metrics.items()},
             "val/num_scenes": num_scenes,
             "example": {"written": rubrics[0], "target": examples[0]["target"]},
         }
@@ -122,7 +179,7 @@ def generator_scorer(config, setup, shown="own"):
     return score
 
 
-def curve(workdir, stage, steps, num_scenes, role="policy", samples=0, shown="own"):
+def curve(workdir, stage, steps, num_scenes, role="policy", samples=0, shown="own", check=""):
     """Returns [{"run", "step", "seconds", "val/...": ...}] for each step's checkpoint of workdir
     (every kept one when steps is empty), the role's metrics (module docstring; `shown`:
     `generator_scorer`'s)."""
@@ -132,7 +189,7 @@ def curve(workdir, stage, steps, num_scenes, role="policy", samples=0, shown="ow
     config.eval.policy_samples, config.eval.policy_temperature = samples, 1.0
     setup = config_utils.build_setup(config, workdir)
     if role == "generator":
-        score = generator_scorer(config, setup, shown)
+        score = generator_scorer(config, setup, shown, check)
     else:
         score = lambda params: rl_evals.validation(  # noqa: E731
             config, setup.processor, params, setup.model_config
@@ -148,9 +205,9 @@ def curve(workdir, stage, steps, num_scenes, role="policy", samples=0, shown="ow
     return rows
 
 
-def markdown(rows, role="policy", header=True):
+def markdown(rows, role="policy", header=True, check=""):
     """Returns the rows as markdown table lines (the header first when header)."""
-    columns = COLUMNS[role]
+    columns = COLUMNS[role] + (CHECKED_COLUMNS if check else ())
     lines = []
     if header:
         lines.append("| run | step | " + " | ".join(name for _, name in columns) + " | scenes |")
@@ -189,7 +246,16 @@ def main(argv=None):
         choices=SHOWN,
         help="generator: show each prompt the next scene's image or references (probe)",
     )
+    parser.add_argument(
+        "--check-references",
+        default="",
+        choices=("", "model", "exact"),
+        help="generator: also read the rubrics after rl.rubric_check='references' (the "
+        "checkpoint's Judge or the exact one)",
+    )
     args = parser.parse_args(argv)
+    if args.check_references and args.role != "generator":
+        parser.error("--check-references checks the Generator's rubrics: add --role generator")
     if args.shown != "own" and args.role != "generator":
         parser.error(f"--shown {args.shown} probes the Generator: add --role generator")
     if args.scenes < 2 or args.samples < 0:
@@ -200,10 +266,21 @@ def main(argv=None):
     steps = [int(s) for s in args.steps.split(",")] if args.steps else []
     header = True
     for workdir in args.workdirs:
-        rows = curve(workdir, args.stage, steps, args.scenes, args.role, args.samples, args.shown)
-        print(markdown(rows, args.role, header=header), flush=True)
+        rows = curve(
+            workdir,
+            args.stage,
+            steps,
+            args.scenes,
+            args.role,
+            args.samples,
+            args.shown,
+            args.check_references,
+        )
+        print(markdown(rows, args.role, header=header, check=args.check_references), flush=True)
         header = False
         probe = "" if args.shown == "own" else f"_{args.shown}"
+        if args.check_references:
+            probe += f"_checked-{args.check_references}"
         out = os.path.join(workdir, f"{args.role}_curve_{args.stage}{probe}.json")
         with open(out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import types
 
 import jax
 import ml_collections
@@ -18,7 +19,7 @@ import optax
 import pytest
 import rl_patterns
 
-from mocojax import config_utils, losses, momentum, sharding as sharding_lib
+from mocojax import config_utils, losses, momentum, roles, sharding as sharding_lib
 from mocojax.data import toyroles, toyworld as tw
 from mocojax.eval import toyworld_eval
 from mocojax.train import rl, rl_config, rl_evals, rl_update, rollout as rollout_lib
@@ -598,3 +599,122 @@ def test_trimmed_update_is_the_untrimmed_update(tmp_path):
     lost_metrics = jax.device_get(step(state, rl.place_batch(mesh, batch), params)[1])
     lost_ratio, full_ratio = float(lost_metrics["ratio_mean"]), float(full["ratio_mean"])
     assert abs(lost_ratio - full_ratio) > 1e-3 * abs(full_ratio)
+
+
+def test_rubric_check_by_hand():
+    """rl.rubric_check = "references": an item is kept when at least half of the image's
+    references meet it (hand-made decisions), and with the exact Judge the check drops exactly
+    the items false of the scene when its reference is complete."""
+    assert rollout_lib.kept_by_references([[1, 0, 1], [0, 0, 1]], 2).tolist() == [
+        True,
+        False,
+        True,
+    ]  # half is enough
+    assert rollout_lib.kept_by_references([[1, 0], [0, 1], [0, 1]], 3).tolist() == [False, True]
+    # a padded group: the third row is its last reference repeated, not counted
+    assert rollout_lib.kept_by_references([[1, 0], [0, 0], [0, 0]], 1).tolist() == [True, False]
+    with pytest.raises(ValueError, match="R >= 1"):
+        rollout_lib.kept_by_references([[1]], 0)
+
+    scene = tw.Scene("s", "white", (tw.Obj("circle", "red", "large", "top left"),))
+    scene2 = tw.Scene("t", "black", (tw.Obj("star", "blue", "small", "center"),))
+    exact = toyroles.ExactRoles({"s": scene, "t": scene2})
+    item = lambda criterion: roles.RubricItem(criterion, "", 1.0)  # noqa: E731
+    rubric = [
+        item("mentions a red circle"),  # true
+        item("mentions a blue star"),  # false: a misperception written as a requirement
+        item("does not mention a green square"),  # true
+        item("the background is black"),  # false
+    ]
+    references = [
+        ["A large red circle in the top left. The background is white."],
+        # two references, one naming the star, one not: half of them meet its presence item
+        [
+            "A small blue star in the center on a black background.",
+            "A black background.",
+        ],
+    ]
+    rl_cfg = rl_config.rl_defaults(tiny=True)
+    rl_cfg.judge = "exact"
+    kept, dropped = rollout_lib.check_rubrics(
+        None, None, None, [rubric, rubric[:2]], references, rl_cfg, None, exact=exact
+    )
+    assert [i.criterion for i in kept[0]] == [
+        "mentions a red circle",
+        "does not mention a green square",
+    ]
+    assert [i.criterion for i in dropped[0]] == ["mentions a blue star", "the background is black"]
+    assert [i.criterion for i in kept[1]] == ["mentions a blue star"]
+    assert [i.criterion for i in dropped[1]] == ["mentions a red circle"]
+    # benchmarks/role_curve.py --check-references exact: the Generator examples' targets with
+    # one false presence item added: the check drops it and only it
+    role_curve = _benchmark("role_curve")
+    config = _toy_config()
+    seed = config.data.seed
+    scenes = {s.id: s for s in tw.make_scenes(seed, 4, start=60)}
+    examples = [r for s in scenes.values() for r in toyroles.scene_sft_records(s, seed, (0, 1, 0))]
+    false = {
+        e["scene_id"]: next(
+            f"mentions a {c} {shape}"
+            for c in tw.COLOURS
+            for shape in tw.SHAPES
+            if not toyroles.fact_is_true(
+                scenes[e["scene_id"]], toyroles.parse_criterion(f"mentions a {c} {shape}")
+            )
+        )
+        for e in examples
+    }
+    texts = [e["target"] + f"\n99 | 3 | {false[e['scene_id']]} | it is named" for e in examples]
+    texts = [roles.format_rubric(roles.parse_rubric(t)[0]) for t in texts]  # renumbered
+    setup = types.SimpleNamespace(model_config=None, processor=None)
+    got = role_curve.checked_metrics(config, setup, None, scenes, examples, texts, "exact")
+    assert got["val/checked/generator/rubric_truth_rate"] == 1.0
+    assert got["val/checked/dropped_per_rubric"] == 1.0 and got["val/checked/dropped_true"] == 0.0
+    rl_cfg.rubric_check = "reference"
+    with pytest.raises(ValueError, match="rl.rubric_check='reference'"):
+        rl_config.validate(rl_cfg)
+    rl_cfg.rubric_check, rl_cfg.reward = "references", "g2p"
+    with pytest.raises(ValueError, match="checks rubrics: rl.reward='rubric'"):
+        rl_config.validate(rl_cfg)
+
+
+def test_rubric_check_drops_the_false_items_of_a_learned_generators_rubric_in_rl(
+    tmp_path, monkeypatch
+):
+    """rl.rubric_check = "references" in RL: the Generator (the tiny model, its parsed rubric
+    replaced by one that names a white AND a black background, so an item is false in every
+    group) writes; the exact Judge reads each image's complete reference and drops what it
+    fails. Every kept item is true of its scene, every dropped one false, and the dropped ones
+    are logged and written to rl_samples.jsonl."""
+    config = _toy_config()
+    config.rl.judge, config.rl.rubric_check, config.rl.num_steps = "exact", "references", 2
+    write_rubrics = rollout_lib.write_rubrics
+    rubric = [
+        roles.RubricItem("mentions a red circle", "", 3.0),
+        roles.RubricItem("the background is white", "", 1.0),
+        roles.RubricItem("the background is black", "", 1.0),
+    ]
+
+    def fixed_rubric(*args):
+        texts, _, problems = write_rubrics(*args)
+        return texts, [list(rubric) for _ in texts], problems
+
+    monkeypatch.setattr(rollout_lib, "write_rubrics", fixed_rubric)
+    rl.run_rl(config, str(tmp_path))
+    with open(tmp_path / "metrics.jsonl") as f:
+        rows = [row for row in map(json.loads, f) if row["stage"] == "rl" and row["step"] > 0]
+    assert [row["step"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["true/rubric_item_truth"] == 1.0 and row["true/checked_out_item_truth"] == 0.0
+        assert 1.0 <= row["rubric_checked_out"] <= 2.0  # one background at least; the circle
+        assert row["rubric_items"] + row["rubric_checked_out"] == 3.0
+    scenes = {s.id: s for s in tw.make_scenes(config.data.seed, config.data.num_train_scenes)}
+    with open(tmp_path / "rl_samples.jsonl") as f:
+        samples = [json.loads(line) for line in f]
+    assert samples
+    for sample in samples:
+        scene = scenes[sample["image_id"]]
+        for key, truth in (("rubric", True), ("checked_out", False)):
+            for item in sample[key]:
+                fact = toyroles.parse_criterion(item["criterion"])
+                assert toyroles.fact_is_true(scene, fact) == truth, (key, item, scene)

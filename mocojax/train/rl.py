@@ -97,6 +97,11 @@ def rollout_metrics(rollout):
         if rollout.rubric_ok.any()
         else 0.0,
         "rubric_items": float(np.mean([len(r) for r in rollout.rubrics])),
+        **(
+            {"rubric_checked_out": float(np.mean([len(d) for d in rollout.checked_out]))}
+            if getattr(rollout, "checked_out", None) is not None
+            else {}
+        ),
     }
 
 
@@ -111,6 +116,11 @@ def sample_rows(step, rollout, truths):
             "subset": rollout.subsets[g].tolist(),
             "rubric_text": rollout.rubric_texts[g],
             "rubric": [item._asdict() for item in rollout.rubrics[g]],
+            **(
+                {"checked_out": [item._asdict() for item in rollout.checked_out[g]]}
+                if getattr(rollout, "checked_out", None) is not None
+                else {}
+            ),
             "generator_problems": rollout.generator_problems[g],
             "decisions": rollout.decisions[g],
             "rewards": rollout.rewards[g].tolist(),

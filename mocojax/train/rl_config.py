@@ -26,6 +26,10 @@ REWARDS = ("rubric", "g2p", "true_f1")
 EVALS = ("", "toyworld")
 # Where the rubric reward's rubrics come from (mocojax.train.offline_rubrics).
 RUBRICS = ("online", "offline", "committee")
+# rl.rubric_check: "" the rubrics as written (the paper); "references": the Judge first reads each
+# image's reference captions against its rubric and drops the items fewer than half of them meet
+# (rollout.check_rubrics; docs/rl.md).
+RUBRIC_CHECKS = ("", "references")
 
 
 def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
@@ -85,6 +89,11 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     # captions, then fixed) or "committee" (RubiCap: written once from a committee of noisy
     # teacher captions, toy world; mocojax.train.offline_rubrics, docs/ablations.md).
     rl.rubrics = "online"
+    # "references": before the Policy's captions are judged, the Judge reads the image's reference
+    # captions against the rubric and an item fewer than half of them meet is dropped (a criterion
+    # the gold captions fail is a false one: a learned Generator's misperception written as a
+    # requirement); "": the rubric as written, as the paper (RUBRIC_CHECKS, rollout.check_rubrics).
+    rl.rubric_check = ""
     rl.committee_size = 5  # K teachers; a fact is kept when >= ceil(K/2) state it
     rl.committee_omit = (
         0.1  # teacher noise (toycommittee.teacher_caption): object / background left out
@@ -272,6 +281,14 @@ def validate(rl) -> None:
             "reweights the exact Generator's online rubric only (rl.generator='exact', "
             f"rl.rubrics='online', rl.reward='rubric'), got {rl.generator!r} / {rl.rubrics!r} / "
             f"{rl.reward!r}",
+        )
+    if rl.get("rubric_check", "") not in RUBRIC_CHECKS:
+        _fail("rubric_check", rl.rubric_check, f"must be one of {RUBRIC_CHECKS}")
+    if rl.get("rubric_check", "") and rl.reward != "rubric":
+        _fail(
+            "rubric_check",
+            rl.rubric_check,
+            f"checks rubrics: rl.reward='rubric', not {rl.reward!r}",
         )
     if rl.rubrics != "online" and rl.reward != "rubric":
         _fail("rubrics", rl.rubrics, f"fixed rubrics need rl.reward='rubric', not {rl.reward!r}")

@@ -169,7 +169,21 @@ def toy_truth(scene, rollout, g):
             toyroles.count_recoloured(recoloured, f, mentions, int(v))
         decision_right.append(row)
         exact_rewards.append(float(roles.rubric_reward(weights, exact)) if facts else 0.0)
+    checked_out = getattr(rollout, "checked_out", None)
+    out_facts = (
+        [toyroles.parse_criterion(i.criterion) for i in checked_out[g]] if checked_out else []
+    )
     return {
+        # rl.rubric_check: the truth of the items the references checked out (None: unreadable)
+        **(
+            {
+                "checked_out_true": [
+                    None if f is None else toyroles.fact_is_true(scene, f) for f in out_facts
+                ]
+            }
+            if checked_out is not None
+            else {}
+        ),
         "f1": [m["f1"] for m in metrics],
         "hallucinated": [len(m["hallucinated"]) for m in metrics],
         "words": [len(caption.split()) for caption in rollout.captions[g]],
@@ -223,6 +237,9 @@ def truth_metrics(truths, rewards):
         out["true/rubric_item_unreadable"] = float(np.mean([v is None for v in items]))
     if decisions:
         out["true/judge_accuracy"] = float(np.mean(decisions))
+    checked_out = [v for t in truths for v in t.get("checked_out_true", []) if v is not None]
+    if checked_out:  # rl.rubric_check: how many of the dropped items were true of the scene
+        out["true/checked_out_item_truth"] = float(np.mean([bool(v) for v in checked_out]))
     if truths and all("exact_rewards" in t for t in truths):
         rubric_limited, judge_caused = zero_variance_causes(
             rewards, [t["exact_rewards"] for t in truths]

@@ -65,6 +65,9 @@ class Rollout(PolicySamples):
     decisions: list  # [G][N] list[int] (one 0/1 per rubric item; [] when no rubric)
     judge_problems: np.ndarray  # [G, N] number of parser problems per judged caption
     rubric_ok: np.ndarray  # [G] bool: the rubric has at least one item
+    # rl.rubric_check = "references": [G] list[RubricItem], the items the references failed,
+    # dropped before judging; None when the check is off
+    checked_out: list = None
 
     @property
     def has_signal(self) -> np.ndarray:
@@ -384,6 +387,45 @@ def judge_captions(cfg, params, processor, rubrics, captions, rl, rng, per_item=
     return decisions, problems
 
 
+def kept_by_references(passes, num_references):
+    """Returns bool [K]: the rubric items at least half of an image's references meet.
+
+    passes: [R][K] 0/1 decisions of the Judge on each of the R >= num_references captions judged
+    (only the first num_references count: the rest pad a group to the step's largest R)."""
+    passes = np.asarray(passes, np.int64)[:num_references]
+    if num_references < 1 or passes.ndim != 2:
+        raise ValueError(f"need [R >= 1][K] decisions, got {passes.shape} for R={num_references}")
+    return 2 * passes.sum(axis=0) >= num_references
+
+
+def check_rubrics(cfg, params, processor, rubrics, references, rl, rng, per_item=False, exact=None):
+    """Returns (kept rubrics [G], checked-out items [G]): rl.rubric_check = "references".
+
+    The Judge (params, or the exact toy Judge when rl.judge is "exact") reads each image's
+    reference captions against its rubric, as it reads the Policy's captions; an item fewer than
+    half of the references meet (`kept_by_references`) is dropped before the Policy's captions
+    are judged: a criterion the gold captions do not satisfy is a false one (the Generator's own
+    misperception, written as a requirement). Groups are padded to the step's largest number of
+    references with their last one (the padding's decisions are not counted)."""
+    width = max(len(r) for r in references)
+    padded = [list(r) + [r[-1]] * (width - len(r)) for r in references]
+    if rl.judge == "exact":
+        decisions = [
+            [exact.decisions(rubric, ref) if rubric else [] for ref in refs]
+            for rubric, refs in zip(rubrics, padded)
+        ]
+    else:
+        decisions, _ = judge_captions(
+            cfg, params, processor, rubrics, padded, rl, rng, per_item=per_item
+        )
+    kept, dropped = [], []
+    for rubric, passes, refs in zip(rubrics, decisions, references):
+        keep = kept_by_references(passes, len(refs)) if rubric else []
+        kept.append([item for item, k in zip(rubric, keep) if k])
+        dropped.append([item for item, k in zip(rubric, keep) if not k])
+    return kept, dropped
+
+
 def choose_subsets(seed, step, num_groups, num_samples, subset_size):
     """Returns int [G, M]: a seeded random subset of M of the N captions per group."""
     rng = np.random.default_rng([seed, step])
@@ -465,6 +507,20 @@ def collect(
                 rl,
                 jax.random.fold_in(rng, 1),
             )
+    checked_out = None
+    if rl.get("rubric_check", ""):
+        with timer("rubric_check"):
+            rubrics, checked_out = check_rubrics(
+                cfg,
+                judge_params,
+                processor,
+                rubrics,
+                [e["references"] for e in group],
+                rl,
+                jax.random.fold_in(rng, 3),
+                per_item=judge_per_item,
+                exact=exact,
+            )
     with timer("judging"):
         if rl.judge == "exact":
             decisions = [
@@ -498,6 +554,7 @@ def collect(
         judge_problems=judge_problems,
         rewards=group_rewards(rubrics, decisions),
         rubric_ok=np.asarray([bool(r) for r in rubrics]),
+        checked_out=checked_out,
     )
     return rollout, seconds
 
