@@ -42,16 +42,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
-import logging
 import math
 import os
 
 from PIL import Image
-from tqdm import tqdm
 
 from mocojax import endpoint, processing, roles
-from mocojax.data import records as records_lib, sources
+from mocojax.data import distill_files, records as records_lib, sources
 
 # Split out (move only, #14); re-exported so `distill.<name>` keeps working.
 from mocojax.data.distill_ask import (  # noqa: F401
@@ -418,35 +415,25 @@ def run(records, teachers, options, out, image_root, *, source="", progress=True
         raise ValueError(
             f"image {lacking[0]} (and {len(lacking) - 1} more) has no candidates: give a student"
         )
-    header = _header(options, teachers, source)
-    entries, ledger, out_file = open_outputs(out, header)
-    try:
-        done = {e["id"] for e in entries}
-        todo = [r for r in records if r["id"] not in done]
-        if done:
-            logging.warning(
-                "%s: resuming, %d of %d images done", out, len(records) - len(todo), len(records)
-            )
-        bar = tqdm(total=len(todo), desc="distill", unit="image", disable=not progress)
-        for start in range(0, len(todo), options.chunk_size):
-            for entry in distill_chunk(
-                todo[start : start + options.chunk_size], teachers, options, image_root
-            ):
-                _append(ledger, entry)
-                if entry["status"] == "written":
-                    _append(out_file, entry["record"])
-                entries.append(entry)
-            bar.update(min(options.chunk_size, len(todo) - start))
-            summary = summarize(entries)
-            bar.set_postfix(
-                written=summary["images"]["written"],
-                dropped=summary["images"]["dropped"],
-                bad=sum(c["bad"] for c in summary["parts"].values()),
-            )
-        bar.close()
-    finally:
-        ledger.close()
-        out_file.close()
+
+    def postfix(entries):
+        summary = summarize(entries)
+        return dict(
+            written=summary["images"]["written"],
+            dropped=summary["images"]["dropped"],
+            bad=sum(c["bad"] for c in summary["parts"].values()),
+        )
+
+    entries = distill_files.run_ledgered(
+        records,
+        out,
+        _header(options, teachers, source),
+        lambda chunk: distill_chunk(chunk, teachers, options, image_root),
+        options.chunk_size,
+        desc="distill",
+        progress=progress,
+        postfix=postfix,
+    )
     clients = {
         name: getattr(client, "stats", {})
         for name, client in (
@@ -457,12 +444,4 @@ def run(records, teachers, options, out, image_root, *, source="", progress=True
         )
         if client is not None
     }
-    summary = summarize(entries, clients)
-    if os.path.abspath(image_root) != os.path.dirname(os.path.abspath(out)):
-        summary["note"] = (
-            f"image paths are relative to {os.path.abspath(image_root)}, not to the folder of "
-            f"{out}: train with --config.data.image_root={os.path.abspath(image_root)}"
-        )
-    with open(out + ".summary.json", "w") as f:
-        json.dump(summary, f, indent=1)
-    return summary
+    return distill_files.write_summary(out, summarize(entries, clients), image_root)

@@ -10,6 +10,8 @@ import json
 import logging
 import os
 
+from tqdm import tqdm
+
 # Options that change what is written: a resumed run must use the same ones.
 _RECORD_OPTIONS = (
     "num_policy",
@@ -186,12 +188,11 @@ def open_outputs(out, header):
     return entries, ledger, records
 
 
-def summarize(entries, client_stats=None):
-    """Returns the counts of a ledger: images written / dropped, per part asks / bad / dropped / errors,
-    Policy, Generator and Judge records, and the most common problems."""
+def ledger_counts(entries):
+    """Returns the counts every ledger has: images written / dropped, per part asks / bad /
+    dropped / errors, and the most common problems (the first of each rejected reply)."""
     parts = collections.defaultdict(collections.Counter)
     problems = collections.Counter()
-    roles_written = collections.Counter()
     for entry in entries:
         for key in ("asked", "bad", "dropped"):
             for part, n in entry[key].items():
@@ -200,22 +201,78 @@ def summarize(entries, client_stats=None):
             parts[error.split(":")[0]]["errors"] += 1
         for reject in entry["rejects"]:
             problems[reject["problems"][0] if reject["problems"] else "?"] += 1
-        record = entry.get("record")
-        if record:
-            roles_written["policy"] += len(record["policy_targets"])
-            roles_written["generator"] += int("rubric" in record)
-            roles_written["judge"] += len(record.get("decisions", {}))
     status = collections.Counter(e["status"] for e in entries)
     return {
         "images": {"written": status["written"], "dropped": status["dropped"]},
-        "sft_examples": dict(roles_written),
         "parts": {
             p: {k: c[k] for k in ("asked", "bad", "dropped", "errors")}
             for p, c in sorted(parts.items())
         },
         "top_problems": problems.most_common(10),
+    }
+
+
+def summarize(entries, client_stats=None):
+    """Returns the counts of a ledger: images written / dropped, per part asks / bad / dropped / errors,
+    Policy, Generator and Judge records, and the most common problems."""
+    roles_written = collections.Counter()
+    for entry in entries:
+        record = entry.get("record")
+        if record:
+            roles_written["policy"] += len(record["policy_targets"])
+            roles_written["generator"] += int("rubric" in record)
+            roles_written["judge"] += len(record.get("decisions", {}))
+    counts = ledger_counts(entries)
+    return {
+        "images": counts["images"],
+        "sft_examples": dict(roles_written),
+        "parts": counts["parts"],
+        "top_problems": counts["top_problems"],
         "this_run": client_stats or {},
     }
+
+
+def run_ledgered(records, out, header, process, chunk_size, *, desc, progress, postfix):
+    """Returns every ledger entry of `out` after processing the records it has not finished:
+    `process(chunk)` -> ledger entries, chunk_size records at a time; each entry is appended to
+    the ledger (fsynced) before its record to OUT, so a kill loses at most the chunk in flight
+    (open_outputs repairs the rest on the next start). postfix(entries) -> the progress bar's
+    counts."""
+    entries, ledger, out_file = open_outputs(out, header)
+    try:
+        done = {e["id"] for e in entries}
+        todo = [r for r in records if r["id"] not in done]
+        if done:
+            logging.warning(
+                "%s: resuming, %d of %d images done", out, len(records) - len(todo), len(records)
+            )
+        bar = tqdm(total=len(todo), desc=desc, unit="image", disable=not progress)
+        for start in range(0, len(todo), chunk_size):
+            chunk = todo[start : start + chunk_size]
+            for entry in process(chunk):
+                _append(ledger, entry)
+                if entry["status"] == "written":
+                    _append(out_file, entry["record"])
+                entries.append(entry)
+            bar.update(len(chunk))
+            bar.set_postfix(**postfix(entries))
+        bar.close()
+    finally:
+        ledger.close()
+        out_file.close()
+    return entries
+
+
+def write_summary(out, summary, image_root):
+    """Writes OUT.summary.json, with a note when image paths are not relative to OUT's folder."""
+    if os.path.abspath(image_root) != os.path.dirname(os.path.abspath(out)):
+        summary["note"] = (
+            f"image paths are relative to {os.path.abspath(image_root)}, not to the folder of "
+            f"{out}: train with --config.data.image_root={os.path.abspath(image_root)}"
+        )
+    with open(out + ".summary.json", "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
 
 
 def format_summary(summary):

@@ -28,12 +28,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
-import logging
 import os
 
 import numpy as np
-from tqdm import tqdm
 
 from mocojax import acecap, roles
 from mocojax.data import distill_ask, distill_files
@@ -48,6 +45,17 @@ WRITER_INSTRUCTION = (
 # What the verifying judge reads when it answers without the references.
 NO_TEXT = "(no text)"
 
+# What became of the items, counted per image in the ledger (gold_mcq_chunk).
+ITEM_OUTCOMES = (
+    "lines",
+    "bad_lines",
+    "over_limit",
+    "unsupported",
+    "guessable",
+    "unverified",
+    "too_few",
+    "kept",
+)
 # Options that change what is written: a resumed run must use the same ones.
 RECORD_OPTIONS = (
     "num_questions",
@@ -299,42 +307,15 @@ def gold_mcq_chunk(records, writer, judge, options, image_root):
 def summarize(entries, client_stats=None):
     """Returns the counts of a ledger: images written / dropped, items by outcome, per part asks /
     bad / dropped / errors, and the most common problems."""
-    items, parts, problems = (
-        collections.Counter(),
-        collections.defaultdict(collections.Counter),
-        (collections.Counter()),
-    )
+    items = collections.Counter()
     for entry in entries:
         items.update(entry["items"])
-        for key in ("asked", "bad", "dropped"):
-            for part, n in entry[key].items():
-                parts[part][key] += n
-        for error in entry["errors"]:
-            parts[error.split(":")[0]]["errors"] += 1
-        for reject in entry["rejects"]:
-            for problem in reject["problems"][:1]:
-                problems[problem.split(": ", 1)[-1]] += 1
-    status = collections.Counter(e["status"] for e in entries)
+    counts = distill_files.ledger_counts(entries)
     return {
-        "images": {"written": status["written"], "dropped": status["dropped"]},
-        "items": {
-            k: items[k]
-            for k in (
-                "lines",
-                "bad_lines",
-                "over_limit",
-                "unsupported",
-                "guessable",
-                "unverified",
-                "too_few",
-                "kept",
-            )
-        },
-        "parts": {
-            p: {k: c[k] for k in ("asked", "bad", "dropped", "errors")}
-            for p, c in sorted(parts.items())
-        },
-        "top_problems": problems.most_common(10),
+        "images": counts["images"],
+        "items": {k: items[k] for k in ITEM_OUTCOMES},
+        "parts": counts["parts"],
+        "top_problems": counts["top_problems"],
         "this_run": client_stats or {},
     }
 
@@ -365,42 +346,26 @@ def run(records, writer, judge, options, out, image_root, *, names=None, source=
         "teachers": names or {},
         "source": source,
     }
-    entries, ledger, out_file = distill_files.open_outputs(out, header)
-    try:
-        done = {e["id"] for e in entries}
-        todo = [r for r in records if r["id"] not in done]
-        if done:
-            logging.warning(
-                "%s: resuming, %d of %d images done", out, len(records) - len(todo), len(records)
-            )
-        bar = tqdm(total=len(todo), desc="gold_mcq", unit="image", disable=not progress)
-        for start in range(0, len(todo), options.chunk_size):
-            chunk = todo[start : start + options.chunk_size]
-            for entry in gold_mcq_chunk(chunk, writer, judge, options, image_root):
-                distill_files._append(ledger, entry)
-                if entry["status"] == "written":
-                    distill_files._append(out_file, entry["record"])
-                entries.append(entry)
-            bar.update(len(chunk))
-            summary = summarize(entries)
-            bar.set_postfix(
-                written=summary["images"]["written"],
-                dropped=summary["images"]["dropped"],
-                kept_items=summary["items"]["kept"],
-            )
-        bar.close()
-    finally:
-        ledger.close()
-        out_file.close()
+
+    def postfix(entries):
+        summary = summarize(entries)
+        return dict(
+            written=summary["images"]["written"],
+            dropped=summary["images"]["dropped"],
+            kept_items=summary["items"]["kept"],
+        )
+
+    entries = distill_files.run_ledgered(
+        records,
+        out,
+        header,
+        lambda chunk: gold_mcq_chunk(chunk, writer, judge, options, image_root),
+        options.chunk_size,
+        desc="gold_mcq",
+        progress=progress,
+        postfix=postfix,
+    )
     stats = {"writer": getattr(writer, "stats", {})}
     if options.verify:
         stats["judge"] = getattr(judge, "stats", {})
-    summary = summarize(entries, stats)
-    if os.path.abspath(image_root) != os.path.dirname(os.path.abspath(out)):
-        summary["note"] = (
-            f"image paths are relative to {os.path.abspath(image_root)}, not to the folder of "
-            f"{out}: train with --config.data.image_root={os.path.abspath(image_root)}"
-        )
-    with open(out + ".summary.json", "w") as f:
-        json.dump(summary, f, indent=1)
-    return summary
+    return distill_files.write_summary(out, summarize(entries, stats), image_root)
