@@ -11,8 +11,6 @@ counts of asks, bad replies and drops per part; exit 1 when an endpoint stops an
 flags or a mismatched output.
 """
 
-import sys
-
 from absl import app, flags, logging as absl_logging
 
 from mocojax.data import distill
@@ -130,19 +128,9 @@ _OPTION_FLAGS = {
 }
 
 
-def _fail(message, code):
-    print(f"mocojax.distill: {message}", file=sys.stderr)
-    sys.exit(code)
-
-
 def main(argv):
     """Runs the distillation the flags ask for and prints its summary (exit codes: the module
-    docstring).
-
-    Long because its work sits in one try block (options.check, loading the records, one client per
-    distinct spec cached in `clients`, `distill.run`), so its except clauses map each failure to
-    exit 2 or 1 and its `finally` closes every client opened, whichever step fails.
-    """
+    docstring; distill.CommandSession maps each failure to its code and closes the clients)."""
     absl_logging.set_verbosity(absl_logging.WARNING)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -157,38 +145,27 @@ def main(argv):
         "judge": _JUDGE.value or _TEACHER.value,
         "student": _STUDENT.value,
     }
-    clients = {}
-    try:
+    with distill.CommandSession(
+        "mocojax.distill",
+        cache_dir=_CACHE_DIR.value or _OUT.value + ".cache",
+        concurrency=_CONCURRENCY.value,
+        timeout=_TIMEOUT.value,
+        max_retries=_MAX_RETRIES.value,
+        min_pixels=_MIN_PIXELS.value,
+        max_pixels=_MAX_PIXELS.value,
+        progress=not _QUIET.value,
+    ) as session:
         options.check()
-        records, image_root = distill.load_images(
-            _SOURCE.value, _INPUT.value, _IMAGE_DIR.value, _STRICT.value
+        records, image_root = session.load_images(
+            _SOURCE.value, _INPUT.value, _IMAGE_DIR.value, _STRICT.value, _NUM_IMAGES.value
         )
-        if _NUM_IMAGES.value is not None:
-            records = records[: _NUM_IMAGES.value]
-        if not records:
-            _fail(f"{_INPUT.value}: no usable image records", 2)
-
-        def client(spec):
-            if spec not in clients:
-                clients[spec] = distill.make_client(
-                    spec,
-                    cache_dir=_CACHE_DIR.value or _OUT.value + ".cache",
-                    concurrency=_CONCURRENCY.value,
-                    timeout=_TIMEOUT.value,
-                    max_retries=_MAX_RETRIES.value,
-                    min_pixels=_MIN_PIXELS.value,
-                    max_pixels=_MAX_PIXELS.value,
-                    progress=not _QUIET.value,
-                )
-            return clients[spec]
-
-        committee = [client(s) for s in _COMMITTEE.value]
+        client = session.client
         teachers = distill.Teachers(
             policy=client(specs["policy"]),
             generator=client(specs["generator"]),
             judge=client(specs["judge"]),
             student=client(specs["student"]) if specs["student"] else None,
-            committee=committee,
+            committee=[client(s) for s in _COMMITTEE.value],
             names={**specs, "committee": list(_COMMITTEE.value)},
         )
         summary = distill.run(
@@ -200,13 +177,6 @@ def main(argv):
             source=f"{_SOURCE.value}:{_INPUT.value}",
             progress=not _QUIET.value,
         )
-    except (ValueError, FileNotFoundError) as e:
-        _fail(e, 2)
-    except distill.DistillError as e:
-        _fail(f"{e}\n  the images finished so far are kept; rerun the same command to resume", 1)
-    finally:
-        for c in clients.values():
-            c.close()
     print(distill.format_summary(summary), flush=True)
     if "note" in summary:
         print(summary["note"], flush=True)

@@ -12,8 +12,6 @@ model judge). Rerunning the same command resumes a killed run. Prints the counts
 dropped per reason; exit 1 when an endpoint stops answering, 2 on bad flags or a mismatched output.
 """
 
-import sys
-
 from absl import app, flags, logging as absl_logging
 
 from mocojax.data import distill, gold_mcq
@@ -80,11 +78,6 @@ _OPTION_FLAGS = {
 }
 
 
-def _fail(message, code):
-    print(f"mocojax.gold_mcq: {message}", file=sys.stderr)
-    sys.exit(code)
-
-
 def main(argv):
     """Runs the Gold-MCQ writing the flags ask for and prints its summary (exit codes: the module
     docstring)."""
@@ -93,29 +86,22 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     options = gold_mcq.Options(**{k: f.value for k, f in _OPTION_FLAGS.items()})
     names = {"writer": _TEACHER.value, "judge": _JUDGE.value or _TEACHER.value}
-    clients = {}
-    try:
+    with distill.CommandSession(
+        "mocojax.gold_mcq",
+        cache_dir=_CACHE_DIR.value or _OUT.value + ".cache",
+        concurrency=_CONCURRENCY.value,
+        timeout=_TIMEOUT.value,
+        max_retries=_MAX_RETRIES.value,
+        progress=not _QUIET.value,
+    ) as session:
         options.check()
-        records, image_root = distill.load_images(
-            _SOURCE.value, _INPUT.value, _IMAGE_DIR.value, _STRICT.value
+        records, image_root = session.load_images(
+            _SOURCE.value, _INPUT.value, _IMAGE_DIR.value, _STRICT.value, _NUM_IMAGES.value
         )
-        if _NUM_IMAGES.value is not None:
-            records = records[: _NUM_IMAGES.value]
-        if not records:
-            _fail(f"{_INPUT.value}: no usable image records", 2)
-        for spec in set(names.values()):
-            clients[spec] = distill.make_client(
-                spec,
-                cache_dir=_CACHE_DIR.value or _OUT.value + ".cache",
-                concurrency=_CONCURRENCY.value,
-                timeout=_TIMEOUT.value,
-                max_retries=_MAX_RETRIES.value,
-                progress=not _QUIET.value,
-            )
         summary = gold_mcq.run(
             records,
-            clients[names["writer"]],
-            clients[names["judge"]],
+            session.client(names["writer"]),
+            session.client(names["judge"]),
             options,
             _OUT.value,
             image_root,
@@ -123,13 +109,6 @@ def main(argv):
             source=f"{_SOURCE.value}:{_INPUT.value}",
             progress=not _QUIET.value,
         )
-    except (ValueError, FileNotFoundError) as e:
-        _fail(e, 2)
-    except distill.DistillError as e:
-        _fail(f"{e}\n  the images finished so far are kept; rerun the same command to resume", 1)
-    finally:
-        for c in clients.values():
-            c.close()
     print(gold_mcq.format_summary(summary), flush=True)
     if "note" in summary:
         print(summary["note"], flush=True)

@@ -5,10 +5,12 @@ mocojax/data/distill.py, which re-exports these names."""
 from __future__ import annotations
 
 import os
+import sys
 
 from tqdm import tqdm
 
 from mocojax import endpoint
+from mocojax.data import distill_ask
 
 # ------------------------------------------------------------------------------------------------
 # Clients
@@ -101,3 +103,54 @@ def make_client(
             progress=progress,
         )
     return LocalClient(spec, min_pixels=min_pixels, max_pixels=max_pixels, progress=progress)
+
+
+class CommandSession:
+    """The shared frame of the teacher commands (`python -m mocojax.distill`, `mocojax.gold_mcq`):
+    one client per distinct spec (`client`), the image records (`load_images`), and, as a context
+    manager, each failure mapped to its exit code -- 2 for bad flags, records or a mismatched
+    output (ValueError, FileNotFoundError), 1 for an endpoint that stops answering (DistillError,
+    the finished images kept) -- with every client closed whichever step fails."""
+
+    def __init__(self, prog, **client_options):
+        self.prog, self.client_options, self.clients = prog, client_options, {}
+
+    def fail(self, message, code):
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        sys.exit(code)
+
+    def client(self, spec):
+        """Returns the client of a spec, made once (make_client with the session's options)."""
+        if spec not in self.clients:
+            self.clients[spec] = make_client(spec, **self.client_options)
+        return self.clients[spec]
+
+    def load_images(self, source, path, image_dir, strict, num_images=None):
+        """Returns (image records, image root) (distill.load_images), the first num_images of
+        them; exit 2 when none is usable."""
+        from mocojax.data import distill  # the records readers (no import cycle at module load)
+
+        records, image_root = distill.load_images(source, path, image_dir, strict)
+        if num_images is not None:
+            records = records[:num_images]
+        if not records:
+            self.fail(f"{path}: no usable image records", 2)
+        return records, image_root
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        try:
+            if isinstance(error, (ValueError, FileNotFoundError)):
+                self.fail(error, 2)
+            if isinstance(error, distill_ask.DistillError):
+                self.fail(
+                    f"{error}\n  the images finished so far are kept; rerun the same command to "
+                    "resume",
+                    1,
+                )
+        finally:
+            for client in self.clients.values():
+                client.close()
+        return False
