@@ -15,18 +15,8 @@ from absl import app, flags, logging as absl_logging
 
 from mocojax.data import distill
 
-_INPUT = flags.DEFINE_string(
-    "input", None, "Image records: records.py JSONL, or PixMo-Cap / DenseFusion rows."
-)
-_SOURCE = flags.DEFINE_enum(
-    "source", "jsonl", ["jsonl", "pixmo_cap", "densefusion"], "Format of --input."
-)
-_IMAGE_DIR = flags.DEFINE_string(
-    "image_dir", None, "Image folder (default for jsonl: the input's folder)."
-)
-_OUT = flags.DEFINE_string(
-    "out", None, "Output records JSONL (with OUT.ledger.jsonl, OUT.summary.json, OUT.cache/)."
-)
+_COMMON = distill.define_command_flags()
+
 _TEACHER = flags.DEFINE_string("teacher", None, "Teacher spec for every part without its own.")
 _POLICY = flags.DEFINE_string(
     "policy_teacher", None, "Policy captions (and one-teacher committee) spec."
@@ -47,19 +37,6 @@ _COMMITTEE = flags.DEFINE_list(
     "rubric_mode=committee: one spec per committee member "
     "(default: the policy teacher sampled --committee_size times).",
 )
-_NUM_IMAGES = flags.DEFINE_integer("num_images", None, "Use the first N images only.")
-_CACHE_DIR = flags.DEFINE_string("cache_dir", None, "Endpoint reply cache (default OUT.cache).")
-_CONCURRENCY = flags.DEFINE_integer("concurrency", 8, "Requests in flight per endpoint.")
-_TIMEOUT = flags.DEFINE_float("timeout", 300.0, "Seconds per HTTP request (connect, read, write).")
-_MAX_RETRIES = flags.DEFINE_integer(
-    "max_retries", 5, "Retries of a failed request (transport, 429, 5xx)."
-)
-_MIN_PIXELS = flags.DEFINE_integer("min_pixels", None, "Local checkpoints: image resize bounds.")
-_MAX_PIXELS = flags.DEFINE_integer("max_pixels", None, "Local checkpoints: image resize bounds.")
-_STRICT = flags.DEFINE_boolean(
-    "strict", False, "Stop at the first bad input record instead of skipping it."
-)
-_QUIET = flags.DEFINE_boolean("quiet", False, "No progress bars.")
 
 _DEFAULTS = distill.Options()
 _OPTION_FLAGS = {
@@ -145,20 +122,9 @@ def main(argv):
         "judge": _JUDGE.value or _TEACHER.value,
         "student": _STUDENT.value,
     }
-    with distill.CommandSession(
-        "mocojax.distill",
-        cache_dir=_CACHE_DIR.value or _OUT.value + ".cache",
-        concurrency=_CONCURRENCY.value,
-        timeout=_TIMEOUT.value,
-        max_retries=_MAX_RETRIES.value,
-        min_pixels=_MIN_PIXELS.value,
-        max_pixels=_MAX_PIXELS.value,
-        progress=not _QUIET.value,
-    ) as session:
+    with distill.session("mocojax.distill", _COMMON) as session:
         options.check()
-        records, image_root = session.load_images(
-            _SOURCE.value, _INPUT.value, _IMAGE_DIR.value, _STRICT.value, _NUM_IMAGES.value
-        )
+        records, image_root = distill.load_command_images(session, _COMMON)
         client = session.client
         teachers = distill.Teachers(
             policy=client(specs["policy"]),
@@ -172,10 +138,10 @@ def main(argv):
             records,
             teachers,
             options,
-            _OUT.value,
+            _COMMON["out"].value,
             image_root,
-            source=f"{_SOURCE.value}:{_INPUT.value}",
-            progress=not _QUIET.value,
+            source=f"{_COMMON['source'].value}:{_COMMON['input'].value}",
+            progress=not _COMMON["quiet"].value,
         )
     print(distill.format_summary(summary), flush=True)
     if "note" in summary:

@@ -16,31 +16,10 @@ from absl import app, flags, logging as absl_logging
 
 from mocojax.data import distill, gold_mcq
 
-_INPUT = flags.DEFINE_string(
-    "input", None, "Image records: records.py JSONL, or PixMo-Cap / DenseFusion rows."
-)
-_SOURCE = flags.DEFINE_enum(
-    "source", "jsonl", ["jsonl", "pixmo_cap", "densefusion"], "Format of --input."
-)
-_IMAGE_DIR = flags.DEFINE_string(
-    "image_dir", None, "Image folder (default for jsonl: the input's folder)."
-)
-_OUT = flags.DEFINE_string(
-    "out", None, "Output records JSONL (with OUT.ledger.jsonl, OUT.summary.json, OUT.cache/)."
-)
+_COMMON = distill.define_command_flags()
+
 _TEACHER = flags.DEFINE_string("teacher", None, "The question writer's spec.")
 _JUDGE = flags.DEFINE_string("judge", None, "The verifying judge's spec (default: the teacher).")
-_NUM_IMAGES = flags.DEFINE_integer("num_images", None, "Use the first N images only.")
-_CACHE_DIR = flags.DEFINE_string("cache_dir", None, "Endpoint reply cache (default OUT.cache).")
-_CONCURRENCY = flags.DEFINE_integer("concurrency", 8, "Requests in flight per endpoint.")
-_TIMEOUT = flags.DEFINE_float("timeout", 300.0, "Seconds per HTTP request (connect, read, write).")
-_MAX_RETRIES = flags.DEFINE_integer(
-    "max_retries", 5, "Retries of a failed request (transport, 429, 5xx)."
-)
-_STRICT = flags.DEFINE_boolean(
-    "strict", False, "Stop at the first bad input record instead of skipping it."
-)
-_QUIET = flags.DEFINE_boolean("quiet", False, "No progress bars.")
 
 _DEFAULTS = gold_mcq.Options()
 _OPTION_FLAGS = {
@@ -86,28 +65,19 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     options = gold_mcq.Options(**{k: f.value for k, f in _OPTION_FLAGS.items()})
     names = {"writer": _TEACHER.value, "judge": _JUDGE.value or _TEACHER.value}
-    with distill.CommandSession(
-        "mocojax.gold_mcq",
-        cache_dir=_CACHE_DIR.value or _OUT.value + ".cache",
-        concurrency=_CONCURRENCY.value,
-        timeout=_TIMEOUT.value,
-        max_retries=_MAX_RETRIES.value,
-        progress=not _QUIET.value,
-    ) as session:
+    with distill.session("mocojax.gold_mcq", _COMMON) as session:
         options.check()
-        records, image_root = session.load_images(
-            _SOURCE.value, _INPUT.value, _IMAGE_DIR.value, _STRICT.value, _NUM_IMAGES.value
-        )
+        records, image_root = distill.load_command_images(session, _COMMON)
         summary = gold_mcq.run(
             records,
             session.client(names["writer"]),
             session.client(names["judge"]),
             options,
-            _OUT.value,
+            _COMMON["out"].value,
             image_root,
             names=names,
-            source=f"{_SOURCE.value}:{_INPUT.value}",
-            progress=not _QUIET.value,
+            source=f"{_COMMON['source'].value}:{_COMMON['input'].value}",
+            progress=not _COMMON["quiet"].value,
         )
     print(gold_mcq.format_summary(summary), flush=True)
     if "note" in summary:

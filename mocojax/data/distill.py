@@ -67,7 +67,14 @@ from mocojax.data.distill_ask import (  # noqa: F401
     check_rubric,
     openai_messages,
 )
-from mocojax.data.distill_clients import CommandSession, LocalClient, make_client  # noqa: F401
+from mocojax.data.distill_clients import (  # noqa: F401
+    CommandSession,
+    LocalClient,
+    define_command_flags,
+    load_command_images,
+    make_client,
+    session,
+)
 from mocojax.data.distill_files import (  # noqa: F401
     _RECORD_OPTIONS,
     _append,

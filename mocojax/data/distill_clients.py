@@ -154,3 +154,75 @@ class CommandSession:
             for client in self.clients.values():
                 client.close()
         return False
+
+
+def define_command_flags():
+    """Defines the flags every teacher command has (absl; call once, at the command module's
+    import) and returns their holders: the input records and their format, the output, the
+    endpoints' cache, concurrency, timeout and retries, local checkpoints' image bounds, strict
+    records and progress bars. `session(prog, holders)` builds the CommandSession from them."""
+    from absl import flags
+
+    define = {
+        "input": (
+            flags.DEFINE_string,
+            None,
+            "Image records: records.py JSONL, or PixMo-Cap / DenseFusion rows.",
+        ),
+        "image_dir": (
+            flags.DEFINE_string,
+            None,
+            "Image folder (default for jsonl: the input's folder).",
+        ),
+        "out": (
+            flags.DEFINE_string,
+            None,
+            "Output records JSONL (with OUT.ledger.jsonl, OUT.summary.json, OUT.cache/).",
+        ),
+        "num_images": (flags.DEFINE_integer, None, "Use the first N images only."),
+        "cache_dir": (flags.DEFINE_string, None, "Endpoint reply cache (default OUT.cache)."),
+        "concurrency": (flags.DEFINE_integer, 8, "Requests in flight per endpoint."),
+        "timeout": (flags.DEFINE_float, 300.0, "Seconds per HTTP request (connect, read, write)."),
+        "max_retries": (
+            flags.DEFINE_integer,
+            5,
+            "Retries of a failed request (transport, 429, 5xx).",
+        ),
+        "min_pixels": (flags.DEFINE_integer, None, "Local checkpoints: image resize bounds."),
+        "max_pixels": (flags.DEFINE_integer, None, "Local checkpoints: image resize bounds."),
+        "strict": (
+            flags.DEFINE_boolean,
+            False,
+            "Stop at the first bad input record instead of skipping it.",
+        ),
+        "quiet": (flags.DEFINE_boolean, False, "No progress bars."),
+    }
+    holders = {name: fn(name, default, help_) for name, (fn, default, help_) in define.items()}
+    holders["source"] = flags.DEFINE_enum(
+        "source", "jsonl", ["jsonl", "pixmo_cap", "densefusion"], "Format of --input."
+    )
+    return holders
+
+
+def session(prog, holders):
+    """Returns the CommandSession of a command's flags (define_command_flags' holders)."""
+    value = {name: holder.value for name, holder in holders.items()}
+    return CommandSession(
+        prog,
+        cache_dir=value["cache_dir"] or value["out"] + ".cache",
+        concurrency=value["concurrency"],
+        timeout=value["timeout"],
+        max_retries=value["max_retries"],
+        min_pixels=value["min_pixels"],
+        max_pixels=value["max_pixels"],
+        progress=not value["quiet"],
+    )
+
+
+def load_command_images(command_session, holders):
+    """Returns (image records, image root) of a command's --input, --source, --image_dir,
+    --strict and --num_images."""
+    value = {name: holder.value for name, holder in holders.items()}
+    return command_session.load_images(
+        value["source"], value["input"], value["image_dir"], value["strict"], value["num_images"]
+    )
