@@ -26,6 +26,10 @@ world's exact truth:
   reads each rubric after `rl.rubric_check="references"`'s check (rollout.check_rubrics: the same
   checkpoint as the Judge, in its trained per-item form, or the world's exact Judge, reads the
   prompt's references against the rubric and an item they fail is dropped): "checked" columns,
+  beside the same check's trivial baseline (a rubric written for another scene, checked against
+  this scene's references: the check alone keeps some of its items true by chance) and the
+  useful items per rubric (true of the scene and failed by at least one shown candidate, exactly
+  judged: what can tell RL's captions apart) of the written, checked, other-scene and exact rubrics,
   written to <role>_curve_<stage>_checked-<judge>.json.
 
 Choices between runs (a KL weight, a warm-up schedule, a number of steps) are made on these rows,
@@ -81,6 +85,12 @@ CHECKED_COLUMNS = (
     ("val/checked/generator/truth_present", "presence items true after"),
     ("val/checked/dropped_per_rubric", "dropped / rubric"),
     ("val/checked/dropped_true", "dropped items true"),
+    ("val/checked/other_scene_truth", "another scene's rubric after the check"),
+    ("val/checked/other_scene_items", "its items / rubric after"),
+    ("val/checked/useful_written", "useful items, written"),
+    ("val/checked/useful", "useful items after the check"),
+    ("val/checked/useful_other_scene", "useful, another scene's after"),
+    ("val/checked/useful_target", "useful, the exact rubric"),
 )
 CHECK_CHUNK = 16  # scenes whose rubrics are checked in one sampler call
 
@@ -102,38 +112,71 @@ def shown_examples(examples, shown):
 def checked_metrics(config, setup, params, scenes, examples, texts, judge):
     """Returns "val/checked/*": the Generator's rubrics (texts) after rollout.check_rubrics with
     each example's references, the Judge being params ("model") or the world's exact one."""
-    rubrics = [roles.parse_rubric(t)[0] for t in texts]
     rl = config.rl.copy_and_resolve_references()
     rl.judge = "exact" if judge == "exact" else "ema"
     exact = toyroles.ExactRoles(scenes, **toyroles.rubric_options(config.data))
     per_item = records_lib.judge_item_form(config.data)
-    kept, dropped = [], []
-    for start in range(0, len(rubrics), CHECK_CHUNK):
-        k, d = rollout_lib.check_rubrics(
-            setup.model_config,
-            params,
-            setup.processor,
-            rubrics[start : start + CHECK_CHUNK],
-            [e["references"] for e in examples[start : start + CHECK_CHUNK]],
-            rl,
-            jax.random.PRNGKey(start),
-            per_item=per_item,
-            exact=exact,
-        )
-        kept += k
-        dropped += d
+
+    def check(rubrics):
+        kept, dropped = [], []
+        for start in range(0, len(rubrics), CHECK_CHUNK):
+            k, d = rollout_lib.check_rubrics(
+                setup.model_config,
+                params,
+                setup.processor,
+                rubrics[start : start + CHECK_CHUNK],
+                [e["references"] for e in examples[start : start + CHECK_CHUNK]],
+                rl,
+                jax.random.PRNGKey(start),
+                per_item=per_item,
+                exact=exact,
+            )
+            kept += k
+            dropped += d
+        return kept, dropped
+
+    kept, dropped = check([roles.parse_rubric(t)[0] for t in texts])
     metrics = toyworld_eval.generator_rubric_metrics(
         scenes, examples, [roles.format_rubric(r) for r in kept]
     )
+    # the trivial baseline under the same check: the next example's target rubric (written for
+    # another scene), checked against this example's references and read on this scene
+    targets = [roles.parse_rubric(e["target"])[0] for e in examples]
+    other, _ = check(targets[1:] + targets[:1])
+    other_truth = [
+        toyroles.rubric_truth_rate(scenes[e["scene_id"]], items)[0]
+        for e, items in zip(examples, other)
+        if items
+    ]
     truth = [
         toyroles.fact_is_true(scenes[e["scene_id"]], f)
         for e, items in zip(examples, dropped)
         for f in (toyroles.parse_criterion(i.criterion) for i in items)
         if f is not None
     ]
+
+    def useful(rubrics):
+        """Mean items per rubric that are true of the scene and that at least one of the prompt's
+        candidates fails (exactly judged): the items that can tell captions apart in RL."""
+        counts = []
+        for e, items in zip(examples, rubrics):
+            scene, n = scenes[e["scene_id"]], 0
+            for item in items:
+                fact = toyroles.parse_criterion(item.criterion)
+                if fact is not None and toyroles.fact_is_true(scene, fact):
+                    n += any(exact.decisions([item], c) == [0] for c in e["candidates"])
+            counts.append(n)
+        return float(np.mean(counts))
+
     return {
         **{f"val/checked/{k}": v for k, v in metrics.items()},
+        "val/checked/useful_written": useful([roles.parse_rubric(t)[0] for t in texts]),
+        "val/checked/useful": useful(kept),
+        "val/checked/useful_other_scene": useful(other),
+        "val/checked/useful_target": useful(targets),
         "val/checked/dropped_per_rubric": float(np.mean([len(d) for d in dropped])),
+        "val/checked/other_scene_truth": float(np.mean(other_truth)) if other_truth else None,
+        "val/checked/other_scene_items": float(np.mean([len(r) for r in other])),
         "val/checked/dropped_true": float(np.mean(truth)) if truth else None,
     }
 

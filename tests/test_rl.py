@@ -670,6 +670,18 @@ def test_rubric_check_by_hand():
     got = role_curve.checked_metrics(config, setup, None, scenes, examples, texts, "exact")
     assert got["val/checked/generator/rubric_truth_rate"] == 1.0
     assert got["val/checked/dropped_per_rubric"] == 1.0 and got["val/checked/dropped_true"] == 0.0
+    # the trivial baseline: another scene's rubric through the exact check keeps only items true
+    # here, fewer of them than this scene's own rubric holds
+    assert got["val/checked/other_scene_truth"] == 1.0
+    assert got["val/checked/other_scene_items"] < got["val/checked/generator/items_per_rubric"]
+    # every item of the exact rubric is true and failed by a shown candidate (that is why it is
+    # there); the added false item is useful to no one
+    assert got["val/checked/useful_target"] == got["val/checked/generator/items_per_rubric"]
+    assert (
+        got["val/checked/useful_written"]
+        == got["val/checked/useful"]
+        == got["val/checked/useful_target"]
+    )
     rl_cfg.rubric_check = "reference"
     with pytest.raises(ValueError, match="rl.rubric_check='reference'"):
         rl_config.validate(rl_cfg)
