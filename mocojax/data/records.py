@@ -17,13 +17,13 @@ Generator example when `rubric` and `candidates` are given; one Judge example pe
 listed in `decisions` (one decision per rubric item, in rubric order). `mcq` holds the image's
 Gold-MCQ items for the G2P reward (`config.rl.reward="g2p"`; `python -m mocojax.gold_mcq` writes
 them from the references): 2-4 options, the gold letter among them, E = Not Given implicit and
-never gold (acecap.mcq_problems). Without the optional
-fields an image record serves RL (image + references) and Policy SFT.
+never gold (acecap.mcq_problems). Without the optional fields an image record serves RL (image +
+references) and Policy SFT.
 
 Bad records (missing field, a field of the wrong type, empty caption, missing or unreadable
 image file, an image path outside image_root, a rubric weight that is not a finite number > 0,
-a decision other than 0/1, a malformed Gold-MCQ item, a duplicate record id, bad JSON; at conversion, a role example
-longer than the largest length bucket, see `check_lengths`): with strict=True the reader
+a decision other than 0/1, a malformed Gold-MCQ item, a duplicate record id, bad JSON; at
+conversion, a role example longer than the largest length bucket, see `check_lengths`): with strict=True the reader
 raises BadRecord naming the record and the field; by default (config `data.strict=False`) it
 skips them, counts them per reason in a LoadReport and logs a summary.
 
