@@ -13,14 +13,22 @@ RUBRIC = (
 )
 
 
+def fixed_rubric(items=RUBRIC):
+    """Returns a stand-in for rollout.write_rubrics: the real Generator writes (real sampler, real
+    prompts), and each group's parsed rubric is replaced by `items`."""
+    write_rubrics = rollout_lib.write_rubrics
+
+    def write(*args):
+        texts, _, problems = write_rubrics(*args)
+        return texts, [list(items) for _ in texts], problems
+
+    return write
+
+
 def patterned_roles(setattr_=setattr):
     """Replaces rollout.write_rubrics / judge_captions with the wrappers; setattr_ is
     pytest's monkeypatch.setattr in tests, plain setattr in worker processes."""
-    write_rubrics, judge_captions = rollout_lib.write_rubrics, rollout_lib.judge_captions
-
-    def fixed_rubric(*args):
-        texts, _, problems = write_rubrics(*args)
-        return texts, [list(RUBRIC) for _ in texts], problems
+    judge_captions = rollout_lib.judge_captions
 
     def patterned_decisions(cfg, params, processor, rubrics, captions, rl_cfg, rng, per_item=False):
         _, problems = judge_captions(
@@ -29,7 +37,7 @@ def patterned_roles(setattr_=setattr):
         decisions = [[[i % 2, (i // 2) % 2] for i in range(len(group))] for group in captions]
         return decisions, problems
 
-    setattr_(rollout_lib, "write_rubrics", fixed_rubric)
+    setattr_(rollout_lib, "write_rubrics", fixed_rubric())
     setattr_(rollout_lib, "judge_captions", patterned_decisions)
 
 

@@ -479,12 +479,8 @@ def test_per_item_judge_asks_one_item_per_row_in_rl(tmp_path, monkeypatch, form)
     config.data.judge_per_item = True
     config.data.judge_item_form = form
     config.rl.num_steps = 1
-    write_rubrics, judge_items_texts = rollout_lib.write_rubrics, rollout_lib.judge_items_texts
+    judge_items_texts = rollout_lib.judge_items_texts
     asked, sizes = [], []
-
-    def fixed_rubric(*args):
-        texts, _, problems = write_rubrics(*args)
-        return texts, [list(rl_patterns.RUBRIC) for _ in texts], problems
 
     def recording_judge(cfg, params, processor, conversations, rl_cfg, rng, group_sizes=None):
         asked.append(conversations)
@@ -494,7 +490,7 @@ def test_per_item_judge_asks_one_item_per_row_in_rl(tmp_path, monkeypatch, form)
         assert texts == whole
         return texts
 
-    monkeypatch.setattr(rollout_lib, "write_rubrics", fixed_rubric)
+    monkeypatch.setattr(rollout_lib, "write_rubrics", rl_patterns.fixed_rubric())
     monkeypatch.setattr(rollout_lib, "judge_items_texts", recording_judge)
     rl.run_rl(config, str(tmp_path))
     # G groups x N captions x 2 items, the two questions about one caption in a row.
@@ -700,18 +696,12 @@ def test_rubric_check_drops_the_false_items_of_a_learned_generators_rubric_in_rl
     are logged and written to rl_samples.jsonl."""
     config = _toy_config()
     config.rl.judge, config.rl.rubric_check, config.rl.num_steps = "exact", "references", 2
-    write_rubrics = rollout_lib.write_rubrics
     rubric = [
         roles.RubricItem("mentions a red circle", "", 3.0),
         roles.RubricItem("the background is white", "", 1.0),
         roles.RubricItem("the background is black", "", 1.0),
     ]
-
-    def fixed_rubric(*args):
-        texts, _, problems = write_rubrics(*args)
-        return texts, [list(rubric) for _ in texts], problems
-
-    monkeypatch.setattr(rollout_lib, "write_rubrics", fixed_rubric)
+    monkeypatch.setattr(rollout_lib, "write_rubrics", rl_patterns.fixed_rubric(rubric))
     rl.run_rl(config, str(tmp_path))
     with open(tmp_path / "metrics.jsonl") as f:
         rows = [row for row in map(json.loads, f) if row["stage"] == "rl" and row["step"] > 0]

@@ -99,7 +99,7 @@ def rollout_metrics(rollout):
         "rubric_items": float(np.mean([len(r) for r in rollout.rubrics])),
         **(
             {"rubric_checked_out": float(np.mean([len(d) for d in rollout.checked_out]))}
-            if getattr(rollout, "checked_out", None) is not None
+            if rollout.checked_out is not None
             else {}
         ),
     }
@@ -118,7 +118,7 @@ def sample_rows(step, rollout, truths):
             "rubric": [item._asdict() for item in rollout.rubrics[g]],
             **(
                 {"checked_out": [item._asdict() for item in rollout.checked_out[g]]}
-                if getattr(rollout, "checked_out", None) is not None
+                if rollout.checked_out is not None
                 else {}
             ),
             "generator_problems": rollout.generator_problems[g],
