@@ -30,7 +30,9 @@ world's exact truth:
   this scene's references: the check alone keeps some of its items true by chance) and the
   useful items per rubric (true of the scene and failed by at least one shown candidate, exactly
   judged: what can tell RL's captions apart) of the written, checked, other-scene and exact rubrics,
-  written to <role>_curve_<stage>_checked-<judge>.json.
+  written to <role>_curve_<stage>_checked-<judge>.json; `--rubric-samples K --rubric-temperature
+  T` reads the union of K rubrics drawn at T per prompt (RL's rl.rubric_samples), written to
+  <role>_curve_<stage>[...]_draws<K>-t<T>.json.
 
 Choices between runs (a KL weight, a warm-up schedule, a number of steps) are made on these rows,
 not on the eval stage's scenes that docs/results.md reports. Each run's config.json gives the
@@ -181,8 +183,11 @@ def checked_metrics(config, setup, params, scenes, examples, texts, judge):
     }
 
 
-def generator_scorer(config, setup, shown="own", check=""):
+def generator_scorer(config, setup, shown="own", check="", draws=(1, 0.0)):
     """Returns params -> "val/generator/*" of the Generator's rubrics on the validation range.
+
+    draws (K, T): with K > 1 each prompt's rubric is the union of K rubrics sampled at T
+    (`roles.merge_rubrics`, as RL's rl.rubric_samples); (1, T > 0) one sampled rubric.
 
     shown "other-image" / "other-references": each prompt shows the next scene's image /
     reference captions instead of its own (the rest its own), and its items are still read
@@ -209,7 +214,17 @@ def generator_scorer(config, setup, shown="own", check=""):
             config.eval.batch_size,
             config.eval.max_new_tokens,
             config.data.image_size,
+            num_samples=draws[0],
+            temperature=draws[1],
         )
+        if draws[0] > 1:
+            k = draws[0]
+            rubrics = [
+                roles.format_rubric(
+                    roles.merge_rubrics([roles.parse_rubric(t)[0] for t in rubrics[i : i + k]])
+                )
+                for i in range(0, len(rubrics), k)
+            ]
         metrics = toyworld_eval.generator_rubric_metrics(scenes, examples, rubrics)
         if check:
             metrics.update(checked_metrics(config, setup, params, scenes, examples, rubrics, check))
@@ -222,9 +237,19 @@ def generator_scorer(config, setup, shown="own", check=""):
     return score
 
 
-def curve(workdir, stage, steps, num_scenes, role="policy", samples=0, shown="own", check=""):
+def curve(
+    workdir,
+    stage,
+    steps,
+    num_scenes,
+    role="policy",
+    samples=0,
+    shown="own",
+    check="",
+    draws=(1, 0.0),
+):
     """Returns [{"run", "step", "seconds", "val/...": ...}] for each step's checkpoint of workdir
-    (every kept one when steps is empty), the role's metrics (module docstring; `shown`:
+    (every kept one when steps is empty), the role's metrics (module docstring; `shown`, `draws`:
     `generator_scorer`'s)."""
     with open(os.path.join(workdir, "config.json")) as f:  # written by mocojax.main
         config = ml_collections.ConfigDict(json.load(f))
@@ -232,7 +257,7 @@ def curve(workdir, stage, steps, num_scenes, role="policy", samples=0, shown="ow
     config.eval.policy_samples, config.eval.policy_temperature = samples, 1.0
     setup = config_utils.build_setup(config, workdir)
     if role == "generator":
-        score = generator_scorer(config, setup, shown, check)
+        score = generator_scorer(config, setup, shown, check, draws)
     else:
         score = lambda params: rl_evals.validation(  # noqa: E731
             config, setup.processor, params, setup.model_config
@@ -296,7 +321,31 @@ def main(argv=None):
         help="generator: also read the rubrics after rl.rubric_check='references' (the "
         "checkpoint's Judge or the exact one)",
     )
+    parser.add_argument(
+        "--rubric-samples",
+        type=int,
+        default=1,
+        help="generator: each rubric the union of this many drawn at --rubric-temperature "
+        "(rl.rubric_samples)",
+    )
+    parser.add_argument(
+        "--rubric-temperature", type=float, default=0.0, help="generator: its sampling temperature"
+    )
     args = parser.parse_args(argv)
+    draws = (args.rubric_samples, args.rubric_temperature)
+    if draws != (1, 0.0) and args.role != "generator":
+        parser.error(
+            "--rubric-samples / --rubric-temperature probe the Generator: add --role generator"
+        )
+    if (
+        args.rubric_samples < 1
+        or args.rubric_temperature < 0
+        or (args.rubric_samples > 1 and not args.rubric_temperature)
+    ):
+        parser.error(
+            "--rubric-samples must be >= 1 and --rubric-temperature >= 0, > 0 with several "
+            f"samples (greedy draws are all the same), got {draws}"
+        )
     if args.check_references and args.role != "generator":
         parser.error("--check-references checks the Generator's rubrics: add --role generator")
     if args.shown != "own" and args.role != "generator":
@@ -318,12 +367,15 @@ def main(argv=None):
             args.samples,
             args.shown,
             args.check_references,
+            draws,
         )
         print(markdown(rows, args.role, header=header, check=args.check_references), flush=True)
         header = False
         probe = "" if args.shown == "own" else f"_{args.shown}"
         if args.check_references:
             probe += f"_checked-{args.check_references}"
+        if draws != (1, 0.0):
+            probe += f"_draws{draws[0]}-t{draws[1]:g}"
         out = os.path.join(workdir, f"{args.role}_curve_{args.stage}{probe}.json")
         with open(out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -324,7 +324,7 @@ def parse_rubric(text, max_items=20):
             continue
         if not check:
             problems.append(f"item {item_id}: missing check")
-        key = " ".join(criterion.lower().split())
+        key = criterion_key(criterion)
         if key in seen_criteria:
             problems.append(f"item {item_id}: {DUPLICATE_CRITERION}")
             continue
@@ -336,6 +336,28 @@ def parse_rubric(text, max_items=20):
     if not items:
         problems.append("no rubric items found")
     return items, problems
+
+
+def criterion_key(criterion):
+    """Returns the form two criteria are the same rubric item by: lower case, spaces collapsed."""
+    return " ".join(criterion.lower().split())
+
+
+def merge_rubrics(rubrics, max_items=20):
+    """Returns one rubric, the union of several rubrics written for the same image.
+
+    Items come in order (the first rubric's, then each later one's new items); an item whose
+    criterion (`criterion_key`) an earlier rubric already has is left out, the earlier item's
+    check and weight kept; at most max_items items (the Generator's own cap, `parse_rubric`).
+    """
+    merged, seen = [], set()
+    for rubric in rubrics:
+        for item in rubric:
+            key = criterion_key(item.criterion)
+            if key not in seen and len(merged) < max_items:
+                seen.add(key)
+                merged.append(item)
+    return merged
 
 
 def _parse_value(field):

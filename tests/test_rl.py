@@ -312,6 +312,23 @@ def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatc
     )
     with open(tmp_path / "generator_curve_rl_other-image.json") as f:
         assert json.load(f)[0]["val/num_scenes"] == 3
+    # --rubric-samples 2: two rubrics drawn at T 1 per prompt (their texts replaced by DRAWS'
+    # first two), each prompt's rubric read as their 3-item union
+    drawn = []
+
+    def two_draws(*args, num_samples, temperature):
+        drawn.append((len(args[3]), num_samples, temperature))
+        return [DRAWS[row % 2] for row in range(len(args[3]) * num_samples)]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(role_curve.toyworld_eval, "generate_texts", two_draws)
+        role_curve.main(
+            [str(tmp_path), "--role", "generator", "--stage", "rl", "--steps", "2"]
+            + ["--scenes", "3", "--rubric-samples", "2", "--rubric-temperature", "1"]
+        )
+    assert drawn == [(3, 2, 1.0)]
+    with open(tmp_path / "generator_curve_rl_draws2-t1.json") as f:
+        assert json.load(f)[0]["val/generator/items_per_rubric"] == 3.0
     # benchmarks/paired_gain.py: the checkpoint against itself (its trivial baseline) gains
     # exactly 0 on every scene, and its per-scene means are the run's own validation readout
     paired_gain = _benchmark("paired_gain")
@@ -684,6 +701,77 @@ def test_rubric_check_by_hand():
     rl_cfg.rubric_check, rl_cfg.reward = "references", "g2p"
     with pytest.raises(ValueError, match="checks rubrics: rl.reward='rubric'"):
         rl_config.validate(rl_cfg)
+
+
+def test_rubric_samples_need_a_sampling_model_generator():
+    rl_cfg = rl_config.rl_defaults(tiny=True)
+    for value in (0, -2):  # the ConfigDict itself refuses a float
+        rl_cfg.rubric_samples = value
+        with pytest.raises(ValueError, match="rl.rubric_samples.*positive int"):
+            rl_config.validate(rl_cfg)
+    rl_cfg.rubric_samples = 3
+    with pytest.raises(ValueError, match="generator_temperature > 0"):
+        rl_config.validate(rl_cfg)
+    rl_cfg.generator_temperature = 1.0
+    rl_config.validate(rl_cfg)
+    rl_cfg.generator = "exact"
+    with pytest.raises(ValueError, match="model Generator's rubric writer"):
+        rl_config.validate(rl_cfg)
+
+
+# rl.rubric_samples = 3: what the Generator's three draws of every image decode to (the tiny
+# random model writes no rubric), and the union each image's rubric must be.
+DRAWS = (
+    "1 | 3 | mentions a red circle | named\n2 | 1 | the background is white | called white\n",
+    "1 | 2 | The background  is WHITE | again\n2 | 2 | mentions a blue star | named\n",
+    "no rubric in this draw",
+)
+UNION = [
+    {"criterion": "mentions a red circle", "check": "named", "weight": 3.0},
+    {"criterion": "the background is white", "check": "called white", "weight": 1.0},
+    {"criterion": "mentions a blue star", "check": "named", "weight": 2.0},
+]
+
+
+def test_rubric_samples_judge_the_union_of_each_images_draws_in_rl(tmp_path, monkeypatch):
+    """rl.rubric_samples = 3 at T 1: the real Generator samples 3 rubrics per image (its decoded
+    texts replaced by DRAWS, in the sampler's image-major order), and every image's rubric, the
+    one judged and logged, is their union: a criterion repeated in a later draw once with its
+    first weight, the unreadable draw adding nothing but its problem."""
+    config = _toy_config()
+    config.rl.judge, config.rl.num_steps = "exact", 1
+    config.rl.rubric_samples, config.rl.generator_temperature = 3, 1.0
+    write_rubrics, decode_texts = rollout_lib.write_rubrics, rollout_lib.decode_texts
+    decoded = []
+
+    def scripted(*args):
+        decoded.append(len(decode_texts(*args)))
+        return [DRAWS[row % 3] for row in range(decoded[-1])]
+
+    def write(*args):
+        monkeypatch.setattr(rollout_lib, "decode_texts", scripted)
+        try:
+            return write_rubrics(*args)
+        finally:
+            monkeypatch.setattr(rollout_lib, "decode_texts", decode_texts)
+
+    monkeypatch.setattr(rollout_lib, "write_rubrics", write)
+    rl.run_rl(config, str(tmp_path))
+    assert decoded == [3 * config.rl.images_per_step]
+    with open(tmp_path / "metrics.jsonl") as f:
+        rows = [row for row in map(json.loads, f) if row["stage"] == "rl" and row["step"] > 0]
+    assert [row["rubric_items"] for row in rows] == [3.0]
+    with open(tmp_path / "rl_samples.jsonl") as f:
+        samples = [json.loads(line) for line in f]
+    assert len(samples) == config.rl.images_per_step
+    for sample in samples:
+        assert sample["rubric"] == UNION
+        assert roles.parse_rubric(sample["rubric_text"])[0] == [
+            roles.RubricItem(**item) for item in UNION
+        ]
+        # a criterion repeated across draws is agreement, not a parser problem
+        assert sample["generator_problems"] == ["draw 2: no rubric items found"]
+        assert len(sample["decisions"][0]) == 3  # the exact Judge decided the 3 union items
 
 
 def test_rubric_check_drops_the_false_items_of_a_learned_generators_rubric_in_rl(

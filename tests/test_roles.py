@@ -57,6 +57,29 @@ def test_rubric_weights():
     assert len(problems) == 6 and all(p.startswith("item ") for p in problems)
 
 
+def test_merge_rubrics_by_hand():
+    """The union of draws: first-seen order, a criterion repeated in another case or spacing is
+    one item (the first draw's check and weight kept), at most max_items items."""
+    item = roles.RubricItem
+    draws = [
+        [item("mentions a red circle", "named", 3.0), item("the background is white", "b", 1.0)],
+        [],  # a draw that parsed to nothing
+        [item("The background  is WHITE", "again", 2.0), item("mentions a blue star", "s", 2.0)],
+        [item("mentions a green square", "g", 1.0)],
+    ]
+    assert roles.merge_rubrics(draws) == [
+        item("mentions a red circle", "named", 3.0),
+        item("the background is white", "b", 1.0),
+        item("mentions a blue star", "s", 2.0),
+        item("mentions a green square", "g", 1.0),
+    ]
+    assert [i.criterion for i in roles.merge_rubrics(draws, max_items=2)] == [
+        "mentions a red circle",
+        "the background is white",
+    ]
+    assert roles.merge_rubrics([[], []]) == []
+
+
 def test_rubric_ids_duplicates_and_truncation():
     text = (
         "3 | 2 | the circle is large | called large\n"

@@ -94,6 +94,10 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     # the gold captions fail is a false one: a learned Generator's misperception written as a
     # requirement); "": the rubric as written, as the paper (RUBRIC_CHECKS, rollout.check_rubrics).
     rl.rubric_check = ""
+    # K > 1: the Generator writes K rubrics per image, sampled at generator_temperature (> 0),
+    # and the image's rubric is their union (roles.merge_rubrics): more of the image's checkable
+    # facts than one greedy draw names, its false items left to rubric_check = "references".
+    rl.rubric_samples = 1
     rl.committee_size = 5  # K teachers; a fact is kept when >= ceil(K/2) state it
     rl.committee_omit = (
         0.1  # teacher noise (toycommittee.teacher_caption): object / background left out
@@ -289,6 +293,23 @@ def validate(rl) -> None:
             "rubric_check",
             rl.rubric_check,
             f"checks rubrics: rl.reward='rubric', not {rl.reward!r}",
+        )
+    samples = rl.get("rubric_samples", 1)
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        _fail("rubric_samples", samples, "must be a positive int")
+    if samples > 1 and not rl.generator_temperature:
+        _fail(
+            "rubric_samples",
+            samples,
+            "draws several rubrics per image: set rl.generator_temperature > 0 (greedy draws are "
+            "all the same)",
+        )
+    if samples > 1 and (rl.generator == "exact" or rl.rubrics == "committee" or rl.train_generator):
+        _fail(
+            "rubric_samples",
+            samples,
+            "draws from the model Generator's rubric writer: not with rl.generator='exact', "
+            "rl.rubrics='committee' or rl.train_generator (EvoLM writes its own)",
         )
     if rl.rubrics != "online" and rl.reward != "rubric":
         _fail("rubrics", rl.rubrics, f"fixed rubrics need rl.reward='rubric', not {rl.reward!r}")

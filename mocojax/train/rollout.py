@@ -158,7 +158,13 @@ def policy_captions(cfg, params, processor, images, rl, rng):
 
 
 def write_rubrics(cfg, params, processor, images, references, subsets_text, rl, rng):
-    """Returns (raw texts [G], rubric items [G], parser problems [G]) from the Generator."""
+    """Returns (rubric texts [G], rubric items [G], parser problems [G]) from the Generator.
+
+    With rl.rubric_samples = K > 1 the Generator writes K rubrics per image (sampled at
+    rl.generator_temperature) and the image's rubric is their union (`roles.merge_rubrics`); its
+    text is then the merged rubric, its problems each draw's, prefixed "draw k:".
+    """
+    k = rl.get("rubric_samples", 1)
     conversations = [
         roles.generator_messages(image, refs, subset)
         for image, refs, subset in zip(images, references, subsets_text)
@@ -168,7 +174,7 @@ def write_rubrics(cfg, params, processor, images, references, subsets_text, rl, 
         params,
         processor,
         conversations,
-        num_samples=1,
+        num_samples=k,
         max_new_tokens=rl.generator_max_new_tokens,
         temperature=rl.generator_temperature,
         rng=rng,
@@ -180,7 +186,21 @@ def write_rubrics(cfg, params, processor, images, references, subsets_text, rl, 
     parsed = [
         roles.parse_rubric(text + "\n" if done else text) for text, done in zip(texts, finished)
     ]
-    return texts, [items for items, _ in parsed], [problems for _, problems in parsed]
+    if k == 1:
+        return texts, [items for items, _ in parsed], [problems for _, problems in parsed]
+    rubrics = [
+        roles.merge_rubrics([items for items, _ in parsed[g * k : (g + 1) * k]])
+        for g in range(len(images))
+    ]
+    problems = [
+        [
+            f"draw {j}: {p}"
+            for j, (_, found) in enumerate(parsed[g * k : (g + 1) * k])
+            for p in found
+        ]
+        for g in range(len(images))
+    ]
+    return [roles.format_rubric(r) for r in rubrics], rubrics, problems
 
 
 def split_shared_prefix(input_ids, attention_mask, group_size):
