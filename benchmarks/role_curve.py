@@ -31,8 +31,9 @@ world's exact truth:
   useful items per rubric (true of the scene and failed by at least one shown candidate, exactly
   judged: what can tell RL's captions apart) of the written, checked, other-scene and exact rubrics,
   written to <role>_curve_<stage>_checked-<judge>.json; `--rubric-samples K --rubric-temperature
-  T` reads the union of K rubrics drawn at T per prompt (RL's rl.rubric_samples), written to
-  <role>_curve_<stage>[...]_draws<K>-t<T>.json.
+  T [--rubric-votes v]` reads the union of K rubrics drawn at T per prompt (of the items v of
+  them name; RL's rl.rubric_samples / rubric_votes), written to
+  <role>_curve_<stage>[...]_draws<K>-t<T>[-v<v>].json.
 
 Choices between runs (a KL weight, a warm-up schedule, a number of steps) are made on these rows,
 not on the eval stage's scenes that docs/results.md reports. Each run's config.json gives the
@@ -183,11 +184,12 @@ def checked_metrics(config, setup, params, scenes, examples, texts, judge):
     }
 
 
-def generator_scorer(config, setup, shown="own", check="", draws=(1, 0.0)):
+def generator_scorer(config, setup, shown="own", check="", draws=(1, 0.0, 1)):
     """Returns params -> "val/generator/*" of the Generator's rubrics on the validation range.
 
-    draws (K, T): with K > 1 each prompt's rubric is the union of K rubrics sampled at T
-    (`roles.merge_rubrics`, as RL's rl.rubric_samples); (1, T > 0) one sampled rubric.
+    draws (K, T, v): with K > 1 each prompt's rubric is the union of K rubrics sampled at T, of
+    the items at least v of them name (`roles.merge_rubrics`, as RL's rl.rubric_samples /
+    rubric_votes); (1, T > 0, 1) one sampled rubric.
 
     shown "other-image" / "other-references": each prompt shows the next scene's image /
     reference captions instead of its own (the rest its own), and its items are still read
@@ -221,7 +223,10 @@ def generator_scorer(config, setup, shown="own", check="", draws=(1, 0.0)):
             k = draws[0]
             rubrics = [
                 roles.format_rubric(
-                    roles.merge_rubrics([roles.parse_rubric(t)[0] for t in rubrics[i : i + k]])
+                    roles.merge_rubrics(
+                        [roles.parse_rubric(t)[0] for t in rubrics[i : i + k]],
+                        min_votes=draws[2],
+                    )
                 )
                 for i in range(0, len(rubrics), k)
             ]
@@ -246,7 +251,7 @@ def curve(
     samples=0,
     shown="own",
     check="",
-    draws=(1, 0.0),
+    draws=(1, 0.0, 1),
 ):
     """Returns [{"run", "step", "seconds", "val/...": ...}] for each step's checkpoint of workdir
     (every kept one when steps is empty), the role's metrics (module docstring; `shown`, `draws`:
@@ -331,20 +336,26 @@ def main(argv=None):
     parser.add_argument(
         "--rubric-temperature", type=float, default=0.0, help="generator: its sampling temperature"
     )
+    parser.add_argument(
+        "--rubric-votes",
+        type=int,
+        default=1,
+        help="generator: keep the items at least this many draws name (rl.rubric_votes)",
+    )
     args = parser.parse_args(argv)
-    draws = (args.rubric_samples, args.rubric_temperature)
-    if draws != (1, 0.0) and args.role != "generator":
+    draws = (args.rubric_samples, args.rubric_temperature, args.rubric_votes)
+    if draws != (1, 0.0, 1) and args.role != "generator":
         parser.error(
-            "--rubric-samples / --rubric-temperature probe the Generator: add --role generator"
+            "--rubric-samples / -temperature / -votes probe the Generator: add --role generator"
         )
     if (
-        args.rubric_samples < 1
-        or args.rubric_temperature < 0
+        args.rubric_temperature < 0
+        or not 1 <= args.rubric_votes <= args.rubric_samples
         or (args.rubric_samples > 1 and not args.rubric_temperature)
     ):
         parser.error(
-            "--rubric-samples must be >= 1 and --rubric-temperature >= 0, > 0 with several "
-            f"samples (greedy draws are all the same), got {draws}"
+            "--rubric-samples must be >= --rubric-votes >= 1 and --rubric-temperature >= 0, > 0 "
+            f"with several samples (greedy draws are all the same), got {draws}"
         )
     if args.check_references and args.role != "generator":
         parser.error("--check-references checks the Generator's rubrics: add --role generator")
@@ -374,8 +385,8 @@ def main(argv=None):
         probe = "" if args.shown == "own" else f"_{args.shown}"
         if args.check_references:
             probe += f"_checked-{args.check_references}"
-        if draws != (1, 0.0):
-            probe += f"_draws{draws[0]}-t{draws[1]:g}"
+        if draws != (1, 0.0, 1):
+            probe += f"_draws{draws[0]}-t{draws[1]:g}" + (f"-v{draws[2]}" if draws[2] > 1 else "")
         out = os.path.join(workdir, f"{args.role}_curve_{args.stage}{probe}.json")
         with open(out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -343,21 +343,23 @@ def criterion_key(criterion):
     return " ".join(criterion.lower().split())
 
 
-def merge_rubrics(rubrics, max_items=20):
+def merge_rubrics(rubrics, max_items=20, min_votes=1):
     """Returns one rubric, the union of several rubrics written for the same image.
 
     Items come in order (the first rubric's, then each later one's new items); an item whose
     criterion (`criterion_key`) an earlier rubric already has is left out, the earlier item's
-    check and weight kept; at most max_items items (the Generator's own cap, `parse_rubric`).
+    check and weight kept. min_votes > 1 keeps only the criteria at least that many of the
+    rubrics name (agreement between draws); at most max_items items (the Generator's own cap,
+    `parse_rubric`).
     """
-    merged, seen = [], set()
+    votes, first = {}, {}
     for rubric in rubrics:
+        for key in {criterion_key(item.criterion) for item in rubric}:
+            votes[key] = votes.get(key, 0) + 1
         for item in rubric:
-            key = criterion_key(item.criterion)
-            if key not in seen and len(merged) < max_items:
-                seen.add(key)
-                merged.append(item)
-    return merged
+            first.setdefault(criterion_key(item.criterion), item)
+    kept = [item for key, item in first.items() if votes[key] >= min_votes]
+    return kept[:max_items]
 
 
 def _parse_value(field):

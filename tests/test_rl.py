@@ -313,7 +313,7 @@ def test_exact_roles_replace_the_models_and_are_never_wrong(tmp_path, monkeypatc
     with open(tmp_path / "generator_curve_rl_other-image.json") as f:
         assert json.load(f)[0]["val/num_scenes"] == 3
     # --rubric-samples 2: two rubrics drawn at T 1 per prompt (their texts replaced by DRAWS'
-    # first two), each prompt's rubric read as their 3-item union
+    # first two), each prompt's rubric read as their 3-item union (UNION)
     drawn = []
 
     def two_draws(*args, num_samples, temperature):
@@ -714,13 +714,19 @@ def test_rubric_samples_need_a_sampling_model_generator():
         rl_config.validate(rl_cfg)
     rl_cfg.generator_temperature = 1.0
     rl_config.validate(rl_cfg)
+    for votes in (0, 4):
+        rl_cfg.rubric_votes = votes
+        with pytest.raises(ValueError, match=r"rl.rubric_votes.*\[1, rl.rubric_samples = 3\]"):
+            rl_config.validate(rl_cfg)
+    rl_cfg.rubric_votes = 3
+    rl_config.validate(rl_cfg)
     rl_cfg.generator = "exact"
     with pytest.raises(ValueError, match="model Generator's rubric writer"):
         rl_config.validate(rl_cfg)
 
 
 # rl.rubric_samples = 3: what the Generator's three draws of every image decode to (the tiny
-# random model writes no rubric), and the union each image's rubric must be.
+# random model writes no rubric); their union, and the items two of them name (rl.rubric_votes).
 DRAWS = (
     "1 | 3 | mentions a red circle | named\n2 | 1 | the background is white | called white\n",
     "1 | 2 | The background  is WHITE | again\n2 | 2 | mentions a blue star | named\n",
@@ -733,14 +739,16 @@ UNION = [
 ]
 
 
-def test_rubric_samples_judge_the_union_of_each_images_draws_in_rl(tmp_path, monkeypatch):
-    """rl.rubric_samples = 3 at T 1: the real Generator samples 3 rubrics per image (its decoded
-    texts replaced by DRAWS, in the sampler's image-major order), and every image's rubric, the
-    one judged and logged, is their union: a criterion repeated in a later draw once with its
-    first weight, the unreadable draw adding nothing but its problem."""
+def test_rubric_samples_judge_the_agreed_items_of_each_images_draws_in_rl(tmp_path, monkeypatch):
+    """rl.rubric_samples = 3 at T 1, rl.rubric_votes = 2: the real Generator samples 3 rubrics
+    per image (its decoded texts replaced by DRAWS, in the sampler's image-major order), and every
+    image's rubric, the one judged and logged, is the one item two draws name (in two spellings),
+    with its first weight; the unreadable draw adds nothing but its problem. (The plain union,
+    rubric_votes = 1: the role_curve probe in test_exact_roles_replace_the_models...)"""
     config = _toy_config()
     config.rl.judge, config.rl.num_steps = "exact", 1
     config.rl.rubric_samples, config.rl.generator_temperature = 3, 1.0
+    config.rl.rubric_votes = 2
     write_rubrics, decode_texts = rollout_lib.write_rubrics, rollout_lib.decode_texts
     decoded = []
 
@@ -760,18 +768,16 @@ def test_rubric_samples_judge_the_union_of_each_images_draws_in_rl(tmp_path, mon
     assert decoded == [3 * config.rl.images_per_step]
     with open(tmp_path / "metrics.jsonl") as f:
         rows = [row for row in map(json.loads, f) if row["stage"] == "rl" and row["step"] > 0]
-    assert [row["rubric_items"] for row in rows] == [3.0]
+    assert [row["rubric_items"] for row in rows] == [1.0]
     with open(tmp_path / "rl_samples.jsonl") as f:
         samples = [json.loads(line) for line in f]
     assert len(samples) == config.rl.images_per_step
     for sample in samples:
-        assert sample["rubric"] == UNION
-        assert roles.parse_rubric(sample["rubric_text"])[0] == [
-            roles.RubricItem(**item) for item in UNION
-        ]
+        assert sample["rubric"] == UNION[1:2]
+        assert roles.parse_rubric(sample["rubric_text"])[0] == [roles.RubricItem(**UNION[1])]
         # a criterion repeated across draws is agreement, not a parser problem
         assert sample["generator_problems"] == ["draw 2: no rubric items found"]
-        assert len(sample["decisions"][0]) == 3  # the exact Judge decided the 3 union items
+        assert len(sample["decisions"][0]) == 1  # the exact Judge decided the one item
 
 
 def test_rubric_check_drops_the_false_items_of_a_learned_generators_rubric_in_rl(

@@ -59,7 +59,8 @@ def test_rubric_weights():
 
 def test_merge_rubrics_by_hand():
     """The union of draws: first-seen order, a criterion repeated in another case or spacing is
-    one item (the first draw's check and weight kept), at most max_items items."""
+    one item (the first draw's check and weight kept), at most max_items items; min_votes keeps
+    the criteria that many draws name."""
     item = roles.RubricItem
     draws = [
         [item("mentions a red circle", "named", 3.0), item("the background is white", "b", 1.0)],
@@ -78,6 +79,12 @@ def test_merge_rubrics_by_hand():
         "the background is white",
     ]
     assert roles.merge_rubrics([[], []]) == []
+    # min_votes 2: only the criterion two draws name (the background), with its first form
+    assert roles.merge_rubrics(draws, min_votes=2) == [item("the background is white", "b", 1.0)]
+    assert roles.merge_rubrics(draws, min_votes=3) == []
+    # a criterion a draw repeats is one vote of that draw
+    twice = [[item("mentions a blue star", "s", 2.0), item("Mentions a blue star", "t", 1.0)]]
+    assert roles.merge_rubrics(twice, min_votes=2) == []
 
 
 def test_rubric_ids_duplicates_and_truncation():

@@ -98,6 +98,7 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     # and the image's rubric is their union (roles.merge_rubrics): more of the image's checkable
     # facts than one greedy draw names, its false items left to rubric_check = "references".
     rl.rubric_samples = 1
+    rl.rubric_votes = 1  # of the K draws, how many must name an item for the union to keep it
     rl.committee_size = 5  # K teachers; a fact is kept when >= ceil(K/2) state it
     rl.committee_omit = (
         0.1  # teacher noise (toycommittee.teacher_caption): object / background left out
@@ -297,6 +298,9 @@ def validate(rl) -> None:
     samples = rl.get("rubric_samples", 1)
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         _fail("rubric_samples", samples, "must be a positive int")
+    votes = rl.get("rubric_votes", 1)
+    if not isinstance(votes, int) or isinstance(votes, bool) or not 1 <= votes <= samples:
+        _fail("rubric_votes", votes, f"must be an int in [1, rl.rubric_samples = {samples}]")
     if samples > 1 and not rl.generator_temperature:
         _fail(
             "rubric_samples",
