@@ -220,16 +220,9 @@ def generator_scorer(config, setup, shown="own", check="", draws=(1, 0.0, 1)):
             temperature=draws[1],
         )
         if draws[0] > 1:
-            k = draws[0]
-            rubrics = [
-                roles.format_rubric(
-                    roles.merge_rubrics(
-                        [roles.parse_rubric(t)[0] for t in rubrics[i : i + k]],
-                        min_votes=draws[2],
-                    )
-                )
-                for i in range(0, len(rubrics), k)
-            ]
+            parsed = [roles.parse_rubric(t)[0] for t in rubrics]
+            merged = roles.merge_draws(parsed, draws[0], min_votes=draws[2])
+            rubrics = [roles.format_rubric(r) for r in merged]
         metrics = toyworld_eval.generator_rubric_metrics(scenes, examples, rubrics)
         if check:
             metrics.update(checked_metrics(config, setup, params, scenes, examples, rubrics, check))

@@ -362,6 +362,15 @@ def merge_rubrics(rubrics, max_items=20, min_votes=1):
     return kept[:max_items]
 
 
+def merge_draws(draws, k, min_votes=1):
+    """Returns [len(draws) / k] merged rubrics (`merge_rubrics`) of parsed rubrics drawn k per
+    image in a row (the sampler's image-major order: image g's draws at g*k ... g*k + k - 1)."""
+    return [
+        merge_rubrics(draws[start : start + k], min_votes=min_votes)
+        for start in range(0, len(draws), k)
+    ]
+
+
 def _parse_value(field):
     """Returns 0/1 from a decision field, or None when it says neither."""
     words = re.findall(r"[a-z0-9]+", field.lower())

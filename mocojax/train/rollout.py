@@ -188,13 +188,9 @@ def write_rubrics(cfg, params, processor, images, references, subsets_text, rl, 
     ]
     if k == 1:
         return texts, [items for items, _ in parsed], [problems for _, problems in parsed]
-    rubrics = [
-        roles.merge_rubrics(
-            [items for items, _ in parsed[g * k : (g + 1) * k]],
-            min_votes=rl.get("rubric_votes", 1),
-        )
-        for g in range(len(images))
-    ]
+    rubrics = roles.merge_draws(
+        [items for items, _ in parsed], k, min_votes=rl.get("rubric_votes", 1)
+    )
     problems = [
         [
             f"draw {j}: {p}"
