@@ -780,6 +780,50 @@ def test_rubric_samples_judge_the_agreed_items_of_each_images_draws_in_rl(tmp_pa
         assert len(sample["decisions"][0]) == 1  # the exact Judge decided the one item
 
 
+def test_next_image_shifts_each_images_entry_by_one():
+    assert rollout_lib.next_image(["a", "b", "c"], 3) == ["b", "c", "a"]
+    assert rollout_lib.next_image(([1], [2]), 2) == [[2], [1]]
+    for entries, count in ((["a"], 1), (["a", "b"], 3)):
+        with pytest.raises(ValueError, match=">= 2 images per update"):
+            rollout_lib.next_image(entries, count)
+
+
+def test_rubric_source_next_image_is_refused_where_there_is_no_other_image():
+    rl_cfg = rl_config.rl_defaults(tiny=True)
+    rl_cfg.rubric_source = "next_image"
+    rl_config.validate(rl_cfg)
+    rl_cfg.rubric_source = "other"
+    with pytest.raises(ValueError, match="rl.rubric_source.*must be one of"):
+        rl_config.validate(rl_cfg)
+    rl_cfg.rubric_source, rl_cfg.images_per_step, rl_cfg.grad_accum_steps = "next_image", 1, 1
+    with pytest.raises(ValueError, match="images_per_step >= 2"):
+        rl_config.validate(rl_cfg)
+
+
+def test_rubric_source_next_image_judges_each_image_with_the_next_images_rubric(tmp_path):
+    """rl.rubric_source = "next_image" (the rubric reward's trivial baseline) with the world's
+    exact Generator and Judge: every image of the update is judged with the exact rubric written
+    for the next image (its objects, background and candidates' inventions), so every item of a
+    group's logged rubric is true of the next group's scene, and the logged rubric truth, read
+    against each group's own scene, falls below the exact rubric's 1.0."""
+    config = _toy_config()
+    config.rl.generator, config.rl.judge, config.rl.num_steps = "exact", "exact", 1
+    config.rl.rubric_source = "next_image"
+    rl.run_rl(config, str(tmp_path))
+    scenes = {s.id: s for s in tw.make_scenes(config.data.seed, config.data.num_train_scenes)}
+    with open(tmp_path / "rl_samples.jsonl") as f:
+        samples = [json.loads(line) for line in f]
+    assert len(samples) == config.rl.images_per_step >= 2
+    for g, sample in enumerate(samples):
+        facts = [toyroles.parse_criterion(i["criterion"]) for i in sample["rubric"]]
+        assert facts and None not in facts
+        following = scenes[samples[(g + 1) % len(samples)]["image_id"]]
+        assert all(toyroles.fact_is_true(following, f) for f in facts), (g, sample["rubric"])
+    with open(tmp_path / "metrics.jsonl") as f:
+        rows = [row for row in map(json.loads, f) if row["stage"] == "rl" and row["step"] > 0]
+    assert len(rows) == 1 and rows[0]["true/rubric_item_truth"] < 0.9
+
+
 def test_rubric_check_drops_the_false_items_of_a_learned_generators_rubric_in_rl(
     tmp_path, monkeypatch
 ):

@@ -30,6 +30,11 @@ RUBRICS = ("online", "offline", "committee")
 # image's reference captions against its rubric and drops the items fewer than half of them meet
 # (rollout.check_rubrics; docs/rl.md).
 RUBRIC_CHECKS = ("", "references")
+# rl.rubric_source: "own" each image is judged with the rubric written for it (the method);
+# "next_image" the trivial baseline of any rubric reward: each image of an update is judged with
+# the rubric written for the next image of the update (cyclically; its image, references and
+# candidates), after which the check and the Judge run as usual (rollout.collect).
+RUBRIC_SOURCES = ("own", "next_image")
 
 
 def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
@@ -99,6 +104,9 @@ def rl_defaults(tiny: bool = False) -> ml_collections.ConfigDict:
     # facts than one greedy draw names, its false items left to rubric_check = "references".
     rl.rubric_samples = 1
     rl.rubric_votes = 1  # of the K draws, how many must name an item for the union to keep it
+    # "next_image": the trivial baseline -- every image judged with another image's rubric
+    # (RUBRIC_SOURCES); "own" the method.
+    rl.rubric_source = "own"
     rl.committee_size = 5  # K teachers; a fact is kept when >= ceil(K/2) state it
     rl.committee_omit = (
         0.1  # teacher noise (toycommittee.teacher_caption): object / background left out
@@ -314,6 +322,22 @@ def validate(rl) -> None:
             samples,
             "draws from the model Generator's rubric writer: not with rl.generator='exact', "
             "rl.rubrics='committee' or rl.train_generator (EvoLM writes its own)",
+        )
+    source = rl.get("rubric_source", "own")
+    if source not in RUBRIC_SOURCES:
+        _fail("rubric_source", source, f"must be one of {RUBRIC_SOURCES}")
+    if source != "own" and (rl.reward != "rubric" or rl.train_generator):
+        _fail(
+            "rubric_source",
+            source,
+            "swaps rubrics between images: needs rl.reward='rubric' and not rl.train_generator "
+            "(EvoLM rewards the Generator for its own image's rubric)",
+        )
+    if source != "own" and rl.images_per_step < 2:
+        _fail(
+            "rubric_source",
+            source,
+            f"takes another image's rubric: needs rl.images_per_step >= 2, got {rl.images_per_step}",
         )
     if rl.rubrics != "online" and rl.reward != "rubric":
         _fail("rubrics", rl.rubrics, f"fixed rubrics need rl.reward='rubric', not {rl.reward!r}")

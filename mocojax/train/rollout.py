@@ -526,6 +526,12 @@ def collect(
                 rl,
                 jax.random.fold_in(rng, 1),
             )
+    if rl.get("rubric_source", "own") == "next_image":
+        rubric_texts, rubrics, generator_problems = (
+            next_image(rubric_texts, len(group)),
+            next_image(rubrics, len(group)),
+            next_image(generator_problems, len(group)),
+        )
     checked_out = None
     if rl.get("rubric_check", ""):
         with timer("rubric_check"):
@@ -576,6 +582,18 @@ def collect(
         checked_out=checked_out,
     )
     return rollout, seconds
+
+
+def next_image(per_image, count):
+    """Returns per_image (one entry per image of an update) shifted so image g gets image g+1's
+    entry, cyclically: `rl.rubric_source="next_image"`, the rubric reward's trivial baseline."""
+    per_image = list(per_image)
+    if count < 2 or len(per_image) != count:
+        raise ValueError(
+            f'rl.rubric_source="next_image" needs >= 2 images per update on each process, one '
+            f"rubric each: got {len(per_image)} rubrics for {count} images"
+        )
+    return per_image[1:] + per_image[:1]
 
 
 @contextlib.contextmanager
