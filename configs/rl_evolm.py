@@ -21,4 +21,7 @@ def get_config(arg=""):
     config.rl.train_generator = True
     config.rl.generator = "policy"  # the Generator IS the Policy's parameters
     config.rl.judge = "frozen"
+    # EvoLM's Generator updates sample their own rubrics; its Policy updates use one greedy
+    # rubric (the learned grid's union of draws is the method's, not EvoLM's)
+    config.rl.rubric_samples, config.rl.rubric_votes = 1, 1
     return config

@@ -344,7 +344,9 @@ def settings_changed(run, config):
     A path inside the grid's workdir (another run's SFT, `rl.roles_init`) is compared by its
     part under the grid root, and a path inside this checkout (the shipped base of
     `model.init_from`) by its part under the checkout, so a grid copied or moved elsewhere, or
-    resumed from another clone of the repository, still resumes."""
+    resumed from another clone of the repository, still resumes. An SFT run's `rl.*` settings
+    are not compared: its stages (sft, eval) never read them, so an SFT checkpoint serves every
+    grid whose RL differs (the default grid's and the learned grid's alike)."""
     path = os.path.join(run.workdir, "config.json")
     if not os.path.exists(path):
         return []
@@ -364,6 +366,7 @@ def settings_changed(run, config):
         f"{key}: {recorded[key]!r} -> {planned[key]!r}"
         for key in sorted(recorded.keys() & planned.keys())
         if not same(recorded[key], planned[key])
+        and not (run.kind == "sft" and key.startswith("rl."))
     ]
 
 

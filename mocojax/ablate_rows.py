@@ -241,6 +241,69 @@ GRID_TABLE = {
         "default_tiny", "default_tiny", DEFAULT_SFT_KINDS, DEFAULT_ROWS, DEFAULT_EXCLUDED, True
     ),
 }
+# The learned-Generator recipe (configs/rl_method.py:learned: the default recipe's long role SFT
+# at the mix (5, 2, 2), the EMA model as Generator too, the union of 4 sampled rubrics per image
+# checked against the references): the rows that need a learned Generator, which the default grid
+# leaves out, beside the method, frozen roles, full sync and two controls.
+LEARNED_SFT_KINDS = {"shared": {"data.mix": (5, 2, 2)}}
+LEARNED_KEEP = (
+    "M2_shared_sft",
+    "M6_shared_frozen",
+    "M7_shared_copy",
+    "M8_method",
+    "role_generator_ema",
+    "role_judge_ema",
+    "role_both_ema",
+    "evolm",
+)
+LEARNED_EXTRA = {
+    "M8_method": (
+        Row(
+            "exact_generator",
+            "the method with the world's exact Generator in the learned one's place (control: "
+            "the rubric the learned Generator is after)",
+            overrides=(("rl.generator", "exact"), ("rl.rubric_samples", 1)),
+        ),
+        Row(
+            "rubric_next_image",
+            "the method, each image judged with the next image's rubric (trivial baseline: "
+            "what the reward pays without the rubric's content)",
+            overrides=(("rl.rubric_source", "next_image"),),
+        ),
+    ),
+}
+LEARNED_EXCLUDED = {
+    **dict.fromkeys(
+        ("M1_policy_sft", "M3_offline", "M4_separate_frozen", "M5_separate_ema"),
+        "separately initialised roles: on the default grid (the learned grid keeps shared init)",
+    ),
+    **{
+        r.name: "the momentum's settings: on the default grid (no (m, H) ordered there)"
+        for r in ROWS
+        if r.name.startswith("grid_") or r.name == "byol_cosine"
+    },
+    "rubicap": "a fixed committee rubric, no learned Generator: on the default grid",
+}
+
+
+def _learned_rows():
+    rows = []
+    for row in ROWS:
+        if row.name in LEARNED_KEEP:
+            rows.append(row)
+            rows.extend(LEARNED_EXTRA.get(row.name, ()))
+    return tuple(rows)
+
+
+LEARNED_ROWS = _learned_rows()
+# Session 42's run of the method on this recipe (docs/results.md) was made with these counts.
+LEARNED_PINNED = (("sft.num_steps", 2000), ("rl.num_steps", 400), ("rl.eval_every", 100))
+GRID_TABLE["learned"] = Grid(
+    "learned", "learned", LEARNED_SFT_KINDS, LEARNED_ROWS, LEARNED_EXCLUDED, pinned=LEARNED_PINNED
+)
+GRID_TABLE["learned_tiny"] = Grid(
+    "learned_tiny", "learned_tiny", LEARNED_SFT_KINDS, LEARNED_ROWS, LEARNED_EXCLUDED, True
+)
 # Rows whose tracking error the plot draws: m = 0.9, 0.99, 0.999 at H = 1, and frozen roles.
 TRACKING_ROWS = {
     "m = 0.9": "grid_m0.9_H1",

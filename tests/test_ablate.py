@@ -444,6 +444,32 @@ def test_a_run_started_from_another_clone_of_the_repository_counts_as_the_same(t
     ]
 
 
+def test_an_sft_runs_rl_settings_are_not_compared(tmp_path):
+    """An SFT run (stages sft, eval) never reads config.rl, so its recorded rl.* may differ from
+    the plan (the default grid's SFT checkpoint serving the learned grid); its other settings,
+    and an RL run's rl.*, may not."""
+    sft, rl_run = ablate.plan("learned", 1, str(tmp_path), ["M8_method"])
+    assert (sft.kind, rl_run.kind) == ("sft", "rl")
+    for run in (sft, rl_run):
+        config = ablate.load_config(run)
+        recorded = json.loads(config.to_json_best_effort())
+        recorded["rl"]["generator"], recorded["rl"]["num_steps"] = "exact", 600
+        os.makedirs(run.workdir)
+        with open(os.path.join(run.workdir, "config.json"), "w") as f:
+            json.dump(recorded, f)
+        expected = (
+            [] if run is sft else ["rl.generator: 'exact' -> 'ema'", "rl.num_steps: 600 -> 400"]
+        )
+        assert ablate.settings_changed(run, config) == expected
+        recorded["sft"]["global_batch_size"] = 2 * config.sft.global_batch_size
+        with open(os.path.join(run.workdir, "config.json"), "w") as f:
+            json.dump(recorded, f)
+        batch = config.sft.global_batch_size
+        assert f"sft.global_batch_size: {2 * batch} -> {batch}" in ablate.settings_changed(
+            run, config
+        )
+
+
 def test_workdir_seeds_are_the_run_directories_seeds(tmp_path):
     assert ablate.workdir_seeds(tmp_path) == ()
     for d in (
@@ -602,3 +628,91 @@ def test_default_tiny_grid_runs_every_kind_of_row(tmp_path):
     text = (tmp_path / "results.md").read_text()
     assert text.count("\n| ") == len(names)
     assert "Not in the default_tiny grid: role_generator_ema" in text
+
+
+# --- the grid on the learned-Generator recipe -----------------------------------------------
+
+
+def test_learned_grid_plans_the_rows_that_need_a_learned_generator(tmp_path, capsys):
+    """The learned grid: the default recipe's long role SFT at the mix (5, 2, 2) and RL with the
+    EMA Generator's union of 4 draws checked against the references (session 42's run, whose step
+    counts it pins), the role ablation and EvoLM the default grid leaves out, and two controls."""
+    from configs import rl_method, toyworld
+
+    runs = ablate.main(
+        ["--grid", "learned", "--seeds", "1", "--workdir", str(tmp_path), "--dry-run"]
+    )
+    out = capsys.readouterr().out
+    names = ablate.GRID_TABLE["learned"].row_names
+    assert names == (
+        "M2_shared_sft",
+        "M6_shared_frozen",
+        "M7_shared_copy",
+        "M8_method",
+        "exact_generator",
+        "rubric_next_image",
+        "role_generator_ema",
+        "role_judge_ema",
+        "role_both_ema",
+        "evolm",
+    )
+    assert "paper row rubicap has no learned-grid counterpart" in out
+    assert "row role_both_ema reuses the runs of M8_method" in out
+    long = toyworld.get_config("long")
+    by_name = {r.name: ablate.load_config(r) for r in runs}
+    assert set(by_name) == {"shared"} | set(names) - {"M2_shared_sft", "role_both_ema"}
+    for name, config in by_name.items():
+        config_utils.validate(config, main_lib.STAGES)
+        assert tuple(config.data.mix) == (5, 2, 2) and config.sft.num_steps == 2000, name
+        assert config.model.init_from == long.model.init_from, name
+        assert (config.rl.num_steps, config.rl.eval_every) == (400, 100), name
+        assert config.rl.rubric_check == "references", name
+    roles = {n: (c.rl.generator, c.rl.judge, c.rl.momentum) for n, c in by_name.items()}
+    assert roles["M8_method"] == ("ema", "ema", 0.99)
+    assert roles["M6_shared_frozen"] == ("ema", "ema", 1.0)
+    assert roles["role_generator_ema"] == ("ema", "frozen", 0.99)
+    assert roles["role_judge_ema"] == ("frozen", "ema", 0.99)
+    assert roles["exact_generator"][0] == "exact" and by_name["M7_shared_copy"].rl.momentum == 0.0
+    draws = {n: (c.rl.rubric_samples, c.rl.generator_temperature) for n, c in by_name.items()}
+    assert draws["M8_method"] == draws["rubric_next_image"] == (4, 1.0)
+    assert draws["exact_generator"][0] == draws["evolm"][0] == 1
+    assert by_name["rubric_next_image"].rl.rubric_source == "next_image"
+    assert by_name["evolm"].rl.train_generator and by_name["evolm"].rl.generator == "policy"
+    # the method's config is the learned recipe on the default's long config, nothing else
+    method = ablate._flatten(by_name["M8_method"].to_dict())
+    recipe = ablate._flatten(rl_method.learned_recipe(toyworld.get_config("long")).to_dict())
+    assert {k for k in method if method[k] != recipe.get(k)} <= {
+        "seed",
+        "data.seed",
+        "stages",
+        "eval.stage",
+    }
+    with pytest.raises(ValueError, match="not in the learned grid: separately initialised"):
+        ablate.plan("learned", 1, str(tmp_path), ["M4_separate_frozen"])
+
+
+def test_learned_tiny_grid_runs_the_trivial_baseline_on_the_learned_recipe(tmp_path):
+    """2 SFT steps + 2 updates of the learned recipe's tiny config for its trivial baseline: the
+    model Generator samples 2 rubrics per image, the Judge checks their union against the
+    references, and each image is judged with the next image's rubric. (Every row's config is
+    validated by the dry-run test above.)"""
+    ablate.main(
+        ["--grid", "learned_tiny", "--seeds", "1", "--workdir", str(tmp_path)]
+        + ["--rows", "rubric_next_image"]
+    )
+    with open(tmp_path / "results.json") as f:
+        results = json.load(f)
+    assert results["grid"] == "learned_tiny"
+    assert list(results["rows"]) == ["M2_shared_sft", "rubric_next_image"]  # its SFT, scored
+    workdir = tmp_path / "rows" / "rubric_next_image" / "seed1"
+    with open(workdir / "config.json") as f:
+        rl_cfg = json.load(f)["rl"]
+    assert (rl_cfg["rubric_samples"], rl_cfg["rubric_check"]) == (2, "references")
+    assert (rl_cfg["generator"], rl_cfg["rubric_source"]) == ("ema", "next_image")
+    with open(workdir / "metrics.jsonl") as f:
+        rl_rows = [r for r in map(json.loads, f) if r["stage"] == "rl" and r["step"] > 0]
+    assert [r["step"] for r in rl_rows] == [1, 2]
+    assert all("rubric_checked_out" in r for r in rl_rows)
+    text = (tmp_path / "results.md").read_text()
+    assert "Not in the learned_tiny grid: M1_policy_sft" in text
+    assert "rubicap (a fixed committee rubric, no learned Generator" in text
