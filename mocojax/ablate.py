@@ -4,11 +4,15 @@
   python -m mocojax.ablate --grid paper --seeds 3 --workdir runs/ablate             # run it
   python -m mocojax.ablate --grid tiny --seeds 1 --workdir /tmp/ablate_tiny         # every row, seconds each
   python -m mocojax.ablate --grid default --seeds 3 --workdir runs/ablate_default   # on the default recipe
+  python -m mocojax.ablate --grid learned --seeds 3 --workdir runs/ablate_learned   # all roles learned
 
 Grids (ablate_rows.GRID_TABLE): "paper" builds every row on the paper's pipeline at toy size
 (configs/rl_method.py), "default" on the default command's learned-Judge recipe
 (configs/rl_method.py:default: the world's exact Generator, so the rows that need a learned one
-are left out and named in the table's notes); "tiny" / "default_tiny" are their 2-step runs.
+are left out and named in the table's notes), "learned" on that recipe with all three roles
+learned (configs/rl_method.py:learned: the role ablation, EvoLM, frozen roles and full sync, with
+the exact-Generator control and the next-image trivial baseline); "tiny" / "default_tiny" /
+"learned_tiny" are their 2-step runs.
 
 Per seed s (data seed s and init seed s; `--seeds N` is s = 1..N, `--seeds 2,3` or `2-3`
 those seeds, so seeds can run on separate machines) three SFT runs are shared by the rows
