@@ -682,8 +682,13 @@ def excluded_note(grid):
     excluded = grid_of(grid).excluded
     if not excluded:
         return ""
+    names_by_reason = {}  # rows left out for one reason are named together, the reason once
+    for name, why in excluded.items():
+        names_by_reason.setdefault(why, []).append(name)
     return (
-        f"Not in the {grid} grid: " + "; ".join(f"{n} ({why})" for n, why in excluded.items()) + "."
+        f"Not in the {grid} grid: "
+        + "; ".join(f"{', '.join(names)} ({why})" for why, names in names_by_reason.items())
+        + "."
     )
 
 

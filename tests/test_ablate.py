@@ -687,6 +687,10 @@ def test_learned_grid_plans_the_rows_that_need_a_learned_generator(tmp_path, cap
         "stages",
         "eval.stage",
     }
+    # the rows left out for one reason are named together, the reason once
+    note = ablate.excluded_note("learned")
+    assert "M1_policy_sft, M3_offline, M4_separate_frozen, M5_separate_ema (separately" in note
+    assert note.count("the momentum's settings") == 1 and "byol_cosine (the momentum's" in note
     with pytest.raises(ValueError, match="not in the learned grid: separately initialised"):
         ablate.plan("learned", 1, str(tmp_path), ["M4_separate_frozen"])
 
